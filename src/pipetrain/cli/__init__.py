@@ -1,0 +1,3 @@
+"""The ``pipetrain`` command line."""
+
+__all__: list[str] = []
