@@ -67,6 +67,11 @@ class Op(enum.Enum):
     OPTIMIZER_STEP = "STEP"
     """Apply the stage's optimizer (and LR scheduler), then zero its gradients."""
 
+    # Members are singletons compared by identity; the identity hash is much faster than
+    # Enum's (a Python-level hash of the name), and ops are hashed in the validator's and
+    # the simulator's inner loops.
+    __hash__ = object.__hash__
+
     def __str__(self) -> str:
         return self.value
 
