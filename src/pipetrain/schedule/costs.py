@@ -1,0 +1,172 @@
+"""Per-action costs for the simulator: how long each kind of action takes, per stage."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TypeAlias
+
+__all__ = ["CostValue", "Costs", "StageCosts"]
+
+CostValue: TypeAlias = float | tuple[float, ...]
+"""One cost for every stage, or a tuple with one cost per stage."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Costs:
+    """How long each action takes, in any time unit; a float, or one value per stage.
+
+    ``backward`` defaults to twice ``forward``; ``backward_input`` and ``backward_weight``
+    (the two halves of a split backward, ``I`` and ``W``) default to half of ``backward``.
+    ``communication`` is the latency of one message (sends take no time on the sender;
+    the receiver waits until the message arrives). ``reduce`` is the duration of one
+    stage's gradient all-reduce (it runs in the background; the stage's ``STEP`` waits
+    for it); ``step`` is the optimizer step.
+
+    Example:
+        >>> costs = Costs(forward=1, backward_input=1.5)
+        >>> c = costs.per_stage(2)
+        >>> c.backward, c.backward_input, c.backward_weight
+        ((2.0, 2.0), (1.5, 1.5), (1.0, 1.0))
+        >>> Costs.parse("forward=1:1:2,communication=0.1").forward
+        (1.0, 1.0, 2.0)
+    """
+
+    forward: CostValue = 1.0
+    backward: CostValue | None = None
+    backward_input: CostValue | None = None
+    backward_weight: CostValue | None = None
+    communication: CostValue = 0.0
+    reduce: CostValue = 0.0
+    step: CostValue = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in _NAMES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+            if not values:
+                problems.append(f"{name}=() is empty; give one value per stage")
+                continue
+            bad = [
+                v
+                for v in values
+                if isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not math.isfinite(v)
+                or v < 0
+            ]
+            if bad:
+                problems.append(
+                    f"{name}={value!r}: costs must be finite numbers >= 0, got {bad[0]!r}"
+                )
+                continue
+            floats = tuple(float(v) for v in values)
+            object.__setattr__(
+                self, name, floats if isinstance(value, (tuple, list)) else floats[0]
+            )
+        lengths = {
+            name: len(value) for name in _NAMES if isinstance(value := getattr(self, name), tuple)
+        }
+        if not problems and len(set(lengths.values())) > 1:
+            problems.append(f"per-stage costs have different lengths: {lengths}")
+        if problems:
+            raise ValueError("invalid costs: " + "; ".join(problems))
+
+    def per_stage(self, num_stages: int) -> StageCosts:
+        """Every cost resolved (defaults derived) to one value per stage.
+
+        Raises:
+            ValueError: a per-stage tuple does not have ``num_stages`` values.
+        """
+        problems = [
+            f"{name} has {len(value)} values but the schedule has {num_stages} stages"
+            for name in _NAMES
+            if isinstance(value := getattr(self, name), tuple) and len(value) != num_stages
+        ]
+        if problems:
+            raise ValueError("costs do not fit the schedule: " + "; ".join(problems))
+
+        def expand(value: CostValue) -> tuple[float, ...]:
+            return value if isinstance(value, tuple) else (value,) * num_stages
+
+        forward = expand(self.forward)
+        backward = tuple(2 * f for f in forward) if self.backward is None else expand(self.backward)
+        half = tuple(b / 2 for b in backward)
+        return StageCosts(
+            forward=forward,
+            backward=backward,
+            backward_input=half if self.backward_input is None else expand(self.backward_input),
+            backward_weight=half if self.backward_weight is None else expand(self.backward_weight),
+            communication=expand(self.communication),
+            reduce=expand(self.reduce),
+            step=expand(self.step),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Costs:
+        """Read ``name=value`` pairs separated by commas; ``a:b:c`` gives per-stage values.
+
+        Example:
+            >>> Costs.parse("forward=1,backward=3").backward
+            3.0
+            >>> Costs.parse("fwd=1")
+            Traceback (most recent call last):
+            ...
+            ValueError: unknown cost 'fwd' in 'fwd=1'; known: forward, backward, backward_input, backward_weight, communication, reduce, step
+
+        Raises:
+            ValueError: an unknown name, a repeated name, or a value that is not a number.
+        """
+        values: dict[str, CostValue] = {}
+        problems = []
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            name, sep, value_text = (s.strip() for s in item.partition("="))
+            if not sep or not value_text:
+                problems.append(f"{item!r} is not name=value (e.g. 'forward=1')")
+            elif name not in _NAMES:
+                problems.append(f"unknown cost {name!r} in {item!r}; known: {', '.join(_NAMES)}")
+            elif name in values:
+                problems.append(f"cost {name!r} given twice")
+            else:
+                try:
+                    numbers = tuple(float(v) for v in value_text.split(":"))
+                except ValueError:
+                    problems.append(f"cost {name}={value_text!r} is not a number (or a:b:c)")
+                    continue
+                values[name] = numbers if ":" in value_text else numbers[0]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, float | list[float] | None]:
+        """The costs as given (``None`` where derived), for JSON."""
+        return {
+            name: list(value) if isinstance(value := getattr(self, name), tuple) else value
+            for name in _NAMES
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Costs resolved to one value per stage (see :meth:`Costs.per_stage`).
+
+    Example:
+        >>> Costs().per_stage(2).forward
+        (1.0, 1.0)
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    communication: tuple[float, ...]
+    reduce: tuple[float, ...]
+    step: tuple[float, ...]
+
+
+_NAMES = tuple(f.name for f in fields(Costs))
