@@ -1,0 +1,113 @@
+"""Lowering: from compute-only schedules to what ranks run (messages, all-reduce, step)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipetrain.schedule.actions import Action, Op
+from pipetrain.schedule.program import Schedule
+
+__all__ = ["add_communication", "add_optimizer_step"]
+
+_BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
+_LAST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
+
+
+def add_communication(schedule: Schedule) -> Schedule:
+    """Add the sends and receives between stages on different ranks.
+
+    ``RF`` right before each ``F`` whose previous stage is on another rank, ``SF`` right
+    after each ``F`` whose next stage is; ``RB`` right before each ``B``/``I`` whose next
+    stage is on another rank, ``SB`` right after each ``B``/``I`` whose previous stage
+    is. Stages on the same rank hand over locally. A schedule that was deadlock-free
+    with implicit messages stays so (sends never block; each receive waits for what
+    the compute action waited for).
+
+    Example:
+        >>> from pipetrain.schedule.gpipe import gpipe
+        >>> print(add_communication(gpipe(2, 1)))
+        rank 0: 0F0 0SF0 0RB0 0B0
+        rank 1: 1RF0 1F0 1B0 1SB0
+
+    Raises:
+        ValueError: the schedule already has communication actions.
+    """
+    _check_no(schedule, lambda a: a.op.is_communication, what="communication actions")
+    rank_of, num_stages = schedule.stage_to_rank, schedule.num_stages
+    lowered = []
+    for r, actions in enumerate(schedule.actions):
+        rank_actions = []
+        for a in actions:
+            j, i, v = a.stage, a.microbatch, a.version
+            previous_remote = 0 < j < num_stages and rank_of[j - 1] != r
+            next_remote = 0 <= j < num_stages - 1 and rank_of[j + 1] != r
+            if a.op is Op.FORWARD:
+                if previous_remote:
+                    rank_actions.append(Action(j, Op.RECV_FORWARD, i, v))
+                rank_actions.append(a)
+                if next_remote:
+                    rank_actions.append(Action(j, Op.SEND_FORWARD, i, v))
+            elif a.op in _BACKWARD:
+                if next_remote:
+                    rank_actions.append(Action(j, Op.RECV_BACKWARD, i, v))
+                rank_actions.append(a)
+                if previous_remote:
+                    rank_actions.append(Action(j, Op.SEND_BACKWARD, i, v))
+            else:
+                rank_actions.append(a)
+        lowered.append(rank_actions)
+    return schedule.replace_actions(lowered)
+
+
+def add_optimizer_step(schedule: Schedule, *, reduce: bool) -> Schedule:
+    """Add each stage's optimizer ``STEP`` (and, if ``reduce``, its gradient ``REDUCE``).
+
+    With ``reduce``, ``REDUCE`` for stage ``j`` goes right after stage ``j``'s last
+    backward action (``B`` or ``W``; after that action's own ``SB``, if it has one, so
+    the gradient leaves first), and the all-reduce overlaps the rank's later work. Then
+    each rank's list ends with a ``STEP`` for each of its stages, in increasing order.
+
+    Example:
+        >>> from pipetrain.schedule.gpipe import gpipe
+        >>> print(add_optimizer_step(gpipe(2, 2), reduce=True))
+        rank 0: 0F0 0F1 0B0 0B1 0REDUCE 0STEP
+        rank 1: 1F0 1F1 1B0 1B1 1REDUCE 1STEP
+
+    Raises:
+        ValueError: the schedule is forward-only, or already has ``REDUCE``/``STEP``.
+    """
+    if not schedule.is_training:
+        raise ValueError(
+            f"schedule {schedule.name!r} is forward-only: it has no gradients to reduce or "
+            f"step; add the optimizer step to a training schedule"
+        )
+    _check_no(
+        schedule,
+        lambda a: a.op in (Op.REDUCE_GRAD, Op.OPTIMIZER_STEP),
+        what="REDUCE or STEP actions",
+    )
+    lowered = []
+    for r, actions in enumerate(schedule.actions):
+        rank_actions = list(actions)
+        if reduce:
+            last = {a.stage: p for p, a in enumerate(actions) if a.op in _LAST_BACKWARD}
+            for j, p in sorted(last.items(), key=lambda item: -item[1]):
+                after = p + 1
+                sent = Action(j, Op.SEND_BACKWARD, actions[p].microbatch, actions[p].version)
+                if actions[p].op is Op.BACKWARD and actions[p + 1 : p + 2] == (sent,):
+                    after += 1
+                rank_actions.insert(after, Action(j, Op.REDUCE_GRAD))
+        rank_actions += [Action(j, Op.OPTIMIZER_STEP) for j in schedule.stages_of(r)]
+        lowered.append(rank_actions)
+    return schedule.replace_actions(lowered)
+
+
+def _check_no(schedule: Schedule, unwanted: Callable[[Action], bool], *, what: str) -> None:
+    found = [
+        f"rank {r}, position {p}: {a}"
+        for r, acts in enumerate(schedule.actions)
+        for p, a in enumerate(acts)
+        if unwanted(a)
+    ]
+    if found:
+        raise ValueError(f"schedule {schedule.name!r} already has {what} ({found[0]}, ...)")

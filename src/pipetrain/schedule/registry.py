@@ -1,0 +1,137 @@
+"""The schedule registry: names (and aliases) to generators, and the validated build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipetrain.schedule._args import check_counts
+from pipetrain.schedule.forward_only import forward_only
+from pipetrain.schedule.gpipe import gpipe
+from pipetrain.schedule.interleaved import interleaved_1f1b
+from pipetrain.schedule.lowering import add_communication, add_optimizer_step
+from pipetrain.schedule.one_f_one_b import one_f_one_b
+from pipetrain.schedule.program import Schedule
+from pipetrain.schedule.validate import validate
+from pipetrain.schedule.zero_bubble import zb_h1
+
+__all__ = [
+    "SCHEDULE_ALIASES",
+    "SCHEDULE_NAMES",
+    "build_schedule",
+    "canonical_name",
+    "get_generator",
+]
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward")
+"""The schedules :func:`build_schedule` knows, by their canonical name."""
+
+SCHEDULE_ALIASES = {
+    "pipedream-flush": "1f1b",
+    "interleaved": "interleaved-1f1b",
+    "zero-bubble": "zb-h1",
+    "forward-only": "forward",
+    "inference": "forward",
+}
+"""Other names accepted for the schedules."""
+
+_GENERATORS: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "forward": forward_only,
+}
+
+
+def canonical_name(name: str) -> str:
+    """The canonical name of a schedule name or alias (any case, ``_`` for ``-``).
+
+    Example:
+        >>> canonical_name("PipeDream_Flush")
+        '1f1b'
+
+    Raises:
+        ValueError: the name is unknown; the message lists the known names.
+    """
+    key = name.strip().lower().replace("_", "-")
+    key = SCHEDULE_ALIASES.get(key, key)
+    if key not in _GENERATORS:
+        aliases = ", ".join(f"{a} ({c})" for a, c in SCHEDULE_ALIASES.items())
+        raise ValueError(
+            f"unknown schedule {name!r}; known schedules: {', '.join(SCHEDULE_NAMES)} "
+            f"(aliases: {aliases})"
+        )
+    return key
+
+
+def get_generator(name: str) -> Callable[..., Schedule]:
+    """The generator function of a schedule name or alias.
+
+    Example:
+        >>> get_generator("zero-bubble").__name__
+        'zb_h1'
+    """
+    return _GENERATORS[canonical_name(name)]
+
+
+def build_schedule(
+    name: str,
+    *,
+    num_ranks: int,
+    num_microbatches: int,
+    stages_per_rank: int = 1,
+    communication: bool = True,
+    optimizer_step: bool = False,
+    reduce: bool = False,
+) -> Schedule:
+    """Generate a schedule by name, lower it as asked, and validate it.
+
+    ``stages_per_rank > 1`` is for ``interleaved-1f1b`` (which needs at least 2) and
+    ``forward``. ``communication`` adds the sends and receives, ``optimizer_step`` the
+    ``STEP`` s, ``reduce`` (with ``optimizer_step``) the gradient ``REDUCE`` s.
+
+    Example:
+        >>> s = build_schedule("1f1b", num_ranks=2, num_microbatches=2, optimizer_step=True)
+        >>> print(s)
+        rank 0: 0F0 0SF0 0F1 0SF1 0RB0 0B0 0RB1 0B1 0STEP
+        rank 1: 1RF0 1F0 1B0 1SB0 1RF1 1F1 1B1 1SB1 1STEP
+
+    Raises:
+        ValueError: an unknown name, a count out of range, or options that do not fit
+            the schedule; the message names the value and the fix.
+    """
+    key = canonical_name(name)
+    check_counts(
+        {
+            "num_ranks": (num_ranks, 1),
+            "num_microbatches": (num_microbatches, 1),
+            "stages_per_rank": (stages_per_rank, 1),
+        },
+        context=key,
+    )
+    if key == "interleaved-1f1b" and stages_per_rank < 2:
+        raise ValueError(
+            f"interleaved-1f1b needs stages_per_rank >= 2, got {stages_per_rank}; "
+            f"e.g. stages_per_rank=2 (or use '1f1b' for one stage per rank)"
+        )
+    if key not in ("interleaved-1f1b", "forward") and stages_per_rank != 1:
+        raise ValueError(
+            f"{key} has one stage per rank, got stages_per_rank={stages_per_rank}; use "
+            f"stages_per_rank=1, or 'interleaved-1f1b' for several stages per rank"
+        )
+    if reduce and not optimizer_step:
+        raise ValueError("reduce=True needs optimizer_step=True (the STEP waits for the REDUCE)")
+    if key == "interleaved-1f1b":
+        schedule = interleaved_1f1b(num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
+    elif key == "forward":
+        schedule = forward_only(
+            num_ranks * stages_per_rank, num_microbatches, stages_per_rank=stages_per_rank
+        )
+    else:
+        schedule = _GENERATORS[key](num_ranks, num_microbatches)
+    if communication:
+        schedule = add_communication(schedule)
+    if optimizer_step:
+        schedule = add_optimizer_step(schedule, reduce=reduce)
+    validate(schedule)
+    return schedule
