@@ -1,0 +1,125 @@
+"""The timeline picture: one row per rank, one box per action, coloured by op (PNG)."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+
+from pipetrain.schedule.actions import Op
+from pipetrain.schedule.execution import TimedAction
+from pipetrain.schedule.grid import action_label
+
+__all__ = ["OP_COLORS", "render_timeline"]
+
+OP_COLORS = {
+    Op.FORWARD: "#4878d0",
+    Op.BACKWARD: "#ee854a",
+    Op.BACKWARD_INPUT: "#3fa34d",
+    Op.BACKWARD_WEIGHT: "#956cb4",
+    Op.REDUCE_GRAD: "#8c613c",
+    Op.OPTIMIZER_STEP: "#d62728",
+}
+"""Box colour of each op drawn (communication is not drawn)."""
+
+_NAMES = {
+    Op.FORWARD: "F forward",
+    Op.BACKWARD: "B backward",
+    Op.BACKWARD_INPUT: "I backward (inputs)",
+    Op.BACKWARD_WEIGHT: "W backward (weights)",
+    Op.REDUCE_GRAD: "REDUCE all-reduce",
+    Op.OPTIMIZER_STEP: "STEP optimizer",
+}
+_LEFT, _RIGHT = 0.6, 0.3  # figure margins, inches
+_FONT_SIZE = 7.0
+
+
+def render_timeline(
+    timeline: Iterable[TimedAction],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    time_unit: str = "",
+) -> None:
+    """Draw a timeline (simulated, or measured with any float times) to a PNG file.
+
+    One row per rank (rank 0 on top); a box per compute action, ``REDUCE`` (a thin bar
+    along the bottom of the row, as it runs in the background) and ``STEP``, coloured
+    by op and labelled like the text grid (``F3``, or ``2F3`` with several stages per
+    rank) where the label fits, else with the micro-batch alone. Sends and receives are
+    not drawn. Time starts at the earliest action.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from pipetrain.schedule.one_f_one_b import one_f_one_b
+        >>> from pipetrain.schedule.simulate import simulate
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "1f1b.png"
+        >>> render_timeline(simulate(one_f_one_b(4, 8)).timeline, path, title="1F1B")
+        >>> path.read_bytes()[:4] == b"\\x89PNG"
+        True
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    drawn = [t for t in timeline if t.action.op in OP_COLORS]
+    num_ranks = max((t.rank + 1 for t in drawn), default=1)
+    origin = min((t.start for t in drawn), default=0.0)
+    span = max((t.end - origin for t in drawn), default=1.0) or 1.0
+    per_rank: dict[int, int] = defaultdict(int)
+    for t in drawn:
+        per_rank[t.rank] += 1
+    width = min(max(8.0, 0.3 * max(per_rank.values(), default=0) + 2.0), 60.0)
+    height = 1.6 + 0.45 * num_ranks
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    figure.subplots_adjust(
+        left=_LEFT / width, right=1 - _RIGHT / width, bottom=0.9 / height, top=1 - 0.7 / height
+    )
+    axes = figure.add_subplot()
+    points_per_unit = (width - _LEFT - _RIGHT) * 72 / span
+    with_stage = any(t.action.stage != t.rank for t in drawn if t.action.op.is_compute)
+    bars: dict[Op, list[tuple[int, float, float]]] = defaultdict(list)
+    for t in drawn:
+        start, duration = t.start - origin, t.end - t.start
+        bars[t.action.op].append((t.rank, start, duration))
+        if not t.action.op.is_compute or t.action.microbatch is None:
+            continue
+        for label in (action_label(t.action, with_stage=with_stage), str(t.action.microbatch)):
+            if len(label) * 0.62 * _FONT_SIZE + 2 <= duration * points_per_unit:
+                axes.text(
+                    start + duration / 2,
+                    t.rank,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=_FONT_SIZE,
+                    color="white",
+                    clip_on=True,
+                )
+                break
+    for op, items in bars.items():
+        low, thick = (0.22, 0.16) if op is Op.REDUCE_GRAD else (-0.4, 0.8)
+        for rank in {r for r, _, _ in items}:
+            axes.broken_barh(
+                [(s, d) for r, s, d in items if r == rank],
+                (rank + low, thick),
+                facecolors=OP_COLORS[op],
+                edgecolor="white",
+                linewidth=0.5,
+            )
+    axes.set_xlim(0, span)
+    axes.set_ylim(num_ranks - 0.5, -0.5)
+    axes.set_yticks(range(num_ranks), [f"rank {r}" for r in range(num_ranks)])
+    axes.set_xlabel(f"time ({time_unit})" if time_unit else "time")
+    axes.legend(
+        handles=[Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in OP_COLORS if op in bars],
+        loc="lower left",
+        bbox_to_anchor=(0, 1.0),
+        ncol=6,
+        fontsize=8,
+        frameon=False,
+    )
+    if title:
+        figure.suptitle(title, x=_LEFT / width, ha="left", fontsize=10)
+    figure.savefig(os.fspath(path), format="png")
