@@ -1,0 +1,158 @@
+"""``pipetrain simulate`` (``pipetrain/cli/simulate.py``), run in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipetrain.cli.main import main
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["simulate", *argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object
+    data: dict[str, object] = json.loads(out)
+    return data
+
+
+def test_json_fields_and_values(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--schedule", "1f1b", "--stages", "4", "--microbatches", "8")
+    assert data["schedule"] == "1f1b"
+    assert (data["stages"], data["microbatches"], data["virtual"]) == (4, 8, 1)
+    assert data["makespan"] == 33.0
+    assert data["bubble_fraction"] == pytest.approx(3 / 11)
+    assert data["peak_activations"] == [4, 3, 2, 1]
+    assert data["busy"] == [24.0] * 4 and data["idle"] == [9.0] * 4
+
+
+def test_json_interleaved_defaults_to_two_stages_per_rank(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = _json(capsys, "--schedule", "interleaved", "--stages", "2", "--microbatches", "5")
+    assert data["schedule"] == "interleaved-1f1b"
+    assert data["virtual"] == 2 and data["num_stages"] == 4
+
+
+def test_json_with_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(
+        capsys,
+        "--schedule",
+        "zero-bubble",
+        "--stages",
+        "4",
+        "--microbatches",
+        "8",
+        "--cost",
+        "forward=1,backward_input=1,backward_weight=1",
+    )
+    assert data["schedule"] == "zb-h1"
+    assert data["makespan"] == 27.0 and data["idle"] == [3.0] * 4
+    data = _json(
+        capsys,
+        "--schedule",
+        "gpipe",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--cost",
+        "forward=1:3",
+    )
+    assert data["makespan"] == 12.0
+
+
+def test_text_output_is_grid_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--schedule", "gpipe", "--stages", "2", "--microbatches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rank 0: F0 F1 .  .  B0 B1\nrank 1: .  F0 F1 B0 B1\n\n")
+    assert "gpipe on 2 ranks (2 stages), 2 micro-batches: makespan 9, bubble 33.3%" in out
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "timeline.png"
+    argv = [
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--stages",
+        "8",
+        "--microbatches",
+        "16",
+        "--plot",
+        str(path),
+    ]
+    assert main(argv) == 0
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert f"Timeline written to {path}." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--schedule", "gpip", "--stages", "2", "--microbatches", "2"], "unknown schedule 'gpip'"),
+        (
+            ["--schedule", "gpipe", "--stages", "0", "--microbatches", "2"],
+            "--stages must be at least 1, got 0",
+        ),
+        (
+            ["--schedule", "interleaved", "--stages", "4", "--microbatches", "3"],
+            "use num_microbatches=4",
+        ),
+        (
+            ["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--virtual", "2"],
+            "stages_per_rank=2",
+        ),
+        (
+            ["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--cost", "fwd=1"],
+            "unknown cost 'fwd'",
+        ),
+        (
+            [
+                "--schedule",
+                "gpipe",
+                "--stages",
+                "2",
+                "--microbatches",
+                "2",
+                "--cost",
+                "forward=1:2:3",
+            ],
+            "forward has 3 values",
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("pipetrain simulate: error: ")
+    assert message in captured.err and "Traceback" not in captured.err
+
+
+def test_unwritable_plot_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "missing-dir" / "t.png"
+    argv = [
+        "simulate",
+        "--schedule",
+        "gpipe",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--plot",
+        str(target),
+    ]
+    assert main(argv) == 2
+    assert "cannot write --plot" in capsys.readouterr().err
+
+
+def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["simulate", "--schedule", "gpipe", "--stages", "two", "--microbatches", "2"])
+    assert caught.value.code == 2
+    assert "argument --stages: invalid int value: 'two'" in capsys.readouterr().err
