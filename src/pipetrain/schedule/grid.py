@@ -25,11 +25,12 @@ def render_grid(
     """A rank x clock-tick text grid of the compute actions (``.`` where a rank idles).
 
     A :class:`Schedule` is run with :data:`UNIT_COSTS`, so each compute action is one
-    column. A simulation result or a timeline (simulated or measured, any float times) is
-    laid out with ``tick`` time units per column (default: its shortest compute action);
-    an action longer than one tick continues with ``-`` cells. Cells are ``F3``, ``B2``,
-    ``I1``, ``W0``; with several stages on a rank they name the stage too (``2F3``). A
-    schedule that deadlocks shows what ran before it got stuck.
+    column (``tick`` is ignored). A simulation result or a timeline (simulated or
+    measured, any float times) is laid out from its earliest action with ``tick`` time
+    units per column (default: its shortest compute action); an action longer than one
+    tick continues with ``-`` cells. Cells are ``F3``, ``B2``, ``I1``, ``W0``; when a rank
+    runs a stage other than its own number (several stages per rank) they name the
+    stage too (``2F3``). A schedule that deadlocks shows what ran before it got stuck.
 
     Example:
         >>> from pipetrain.schedule.gpipe import gpipe
@@ -52,16 +53,17 @@ def render_grid(
         else:
             timeline = tuple(source)
             num_ranks = max((t.rank + 1 for t in timeline), default=0)
+    origin = min((t.start for t in timeline), default=0.0)
     compute = [t for t in timeline if t.action.op.is_compute]
     if tick is None:
         tick = min((t.end - t.start for t in compute if t.end > t.start), default=1.0)
     if not tick > 0:
         raise ValueError(f"tick must be positive, got {tick!r}")
-    with_stage = _several_stages_per_rank(compute)
+    with_stage = any(t.action.stage != t.rank for t in compute)
     rows: list[list[str]] = [[] for _ in range(num_ranks)]
     for t in sorted(compute, key=lambda t: (t.rank, t.start, t.end)):
         row = rows[t.rank]
-        column = max(round(t.start / tick), len(row))
+        column = max(round((t.start - origin) / tick), len(row))
         width = max(1, round((t.end - t.start) / tick))
         row += ["."] * (column - len(row)) + [action_label(t.action, with_stage=with_stage)]
         row += ["-"] * (width - 1)
@@ -84,8 +86,3 @@ def action_label(action: Action, *, with_stage: bool) -> str:
     """
     text = str(action)
     return text if with_stage else text.lstrip("0123456789")
-
-
-def _several_stages_per_rank(timeline: Iterable[TimedAction]) -> bool:
-    """True unless every rank runs exactly the stage with its own number."""
-    return any(t.action.stage != t.rank for t in timeline)
