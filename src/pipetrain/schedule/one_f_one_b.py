@@ -35,18 +35,17 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
         num_microbatches=num_microbatches,
         stage_to_rank=tuple(range(num_stages)),
         actions=tuple(
-            tuple(_stage_actions(j, num_stages, num_microbatches, Op.BACKWARD))
-            for j in range(num_stages)
+            tuple(_stage_actions(j, num_stages, num_microbatches)) for j in range(num_stages)
         ),
     )
 
 
-def _stage_actions(j: int, num_stages: int, num_microbatches: int, backward: Op) -> list[Action]:
+def _stage_actions(j: int, num_stages: int, num_microbatches: int) -> list[Action]:
     num_warmup = min(num_stages - j - 1, num_microbatches)
     actions = [Action(j, Op.FORWARD, i) for i in range(num_warmup)]
     for i in range(num_microbatches - num_warmup):
-        actions += [Action(j, Op.FORWARD, num_warmup + i), Action(j, backward, i)]
+        actions += [Action(j, Op.FORWARD, num_warmup + i), Action(j, Op.BACKWARD, i)]
     actions += [
-        Action(j, backward, i) for i in range(num_microbatches - num_warmup, num_microbatches)
+        Action(j, Op.BACKWARD, i) for i in range(num_microbatches - num_warmup, num_microbatches)
     ]
     return actions
