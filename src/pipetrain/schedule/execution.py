@@ -45,7 +45,17 @@ class TimedAction(NamedTuple):
 
 @dataclass(frozen=True)
 class Blocked:
-    """A rank that cannot go on: the action it is at and the action that it waits for."""
+    """A rank that cannot go on: the action it is at and the action that it waits for.
+
+    Example:
+        >>> from pipetrain.schedule.actions import parse_actions
+        >>> from pipetrain.schedule.costs import Costs
+        >>> s = Schedule(name="toy", num_microbatches=1, stage_to_rank=(0, 1),
+        ...              actions=(tuple(parse_actions("0B0 0F0")), tuple(parse_actions("1F0 1B0"))))
+        >>> [(b.rank, b.position, str(b.action), str(b.awaited)) for b in
+        ...  execute(s, Costs().per_stage(2)).blocked]
+        [(0, 0, '0B0', '1B0'), (1, 0, '1F0', '0F0')]
+    """
 
     rank: int
     position: int
@@ -56,7 +66,8 @@ class Blocked:
 
 @dataclass(frozen=True)
 class Execution:
-    """What ran, when; ``blocked`` is empty unless the schedule deadlocks."""
+    """What ran, when; ``blocked`` is empty unless the schedule deadlocks (see
+    :func:`execute`)."""
 
     timeline: tuple[TimedAction, ...]
     blocked: tuple[Blocked, ...]

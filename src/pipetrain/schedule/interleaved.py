@@ -12,7 +12,7 @@ __all__ = ["interleaved_1f1b", "microbatch_groups"]
 def interleaved_1f1b(
     num_ranks: int, num_microbatches: int, *, stages_per_rank: int = 2
 ) -> Schedule:
-    """Interleaved 1F1B (Narayanan et al., 2021): ``V`` stages per rank, stage ``j`` on rank ``j % K``.
+    """Interleaved 1F1B (Narayanan et al., 2021): ``V`` stages per rank, ``j`` on ``j % K``.
 
     Micro-batches go in groups (see :func:`microbatch_groups`); each rank runs the
     forwards of a group on its first stage, then on its second, ..., then the next

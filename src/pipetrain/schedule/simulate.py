@@ -26,6 +26,12 @@ class SimulationResult:
     all ranks' time. ``peak_activations`` is, per rank, the most (stage, micro-batch)
     pairs whose forward ran and whose backward (``B``, or ``W`` when split) has not; 0
     for forward-only schedules.
+
+    Example:
+        >>> from pipetrain.schedule.gpipe import gpipe
+        >>> result = simulate(gpipe(2, 2))
+        >>> result.makespan, result.busy, result.idle, result.bubble_fraction
+        (9.0, (6.0, 6.0), (3.0, 3.0), 0.3333333333333333)
     """
 
     makespan: float

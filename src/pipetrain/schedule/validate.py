@@ -32,6 +32,13 @@ class ScheduleError(ValueError):
     The message lists the problems, each naming the rank, the position in its action
     list and the action, followed by the text grid of what the schedule runs (up to a
     deadlock, if it has one).
+
+    Example:
+        >>> from pipetrain.schedule.actions import parse_actions
+        >>> s = Schedule(name="toy", num_microbatches=1, stage_to_rank=(0,),
+        ...              actions=(tuple(parse_actions("0F0")),))
+        >>> ScheduleError(s, ["0B0 is missing (rank 0)"]).problems
+        ('0B0 is missing (rank 0)',)
     """
 
     def __init__(self, schedule: Schedule, problems: Sequence[str]) -> None:
@@ -95,7 +102,18 @@ def find_problems(schedule: Schedule) -> list[str]:
 
 
 def deadlock_problems(schedule: Schedule, blocked: Sequence[Blocked]) -> list[str]:
-    """One line per stuck rank: where it is stuck and what it waits for."""
+    """One line per stuck rank: where it is stuck and what it waits for.
+
+    Example:
+        >>> from pipetrain.schedule.actions import parse_actions
+        >>> s = Schedule(name="toy", num_microbatches=1, stage_to_rank=(0, 1),
+        ...              actions=(tuple(parse_actions("0RB0 0F0 0SF0 0B0")),
+        ...                       tuple(parse_actions("1RF0 1F0 1B0 1SB0"))))
+        >>> for line in deadlock_problems(s, execute(s, _ZERO_COSTS.per_stage(2)).blocked):
+        ...     print(line)
+        deadlock: rank 0, position 0: 0RB0 waits for 1SB0, which rank 1 runs only at position 3
+        deadlock: rank 1, position 0: 1RF0 waits for 0SF0, which rank 0 runs only at position 2
+    """
     positions = {
         (a.op, a.stage, a.microbatch): (r, p)
         for r, acts in enumerate(schedule.actions)
