@@ -90,6 +90,18 @@ def test_profiling_leaves_the_module_untouched():
     assert not model.training and not model[1].training
 
 
+def test_in_place_layers_run_and_do_not_change_the_sample():
+    class DoubleInPlace(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.mul_(2)
+
+    model = nn.Sequential(DoubleInPlace(), nn.Linear(16, 16), nn.ReLU(inplace=True))
+    sample = torch.ones(4, 16)
+    balance_by_time(2, model, sample, timeout=0.05, device="cpu")
+    balance_by_size(2, model, sample, device="cpu")
+    assert torch.equal(sample, torch.ones(4, 16))
+
+
 def test_balancing_a_model_with_skip_connections():
     model = unet(depth=2, channels=4)
     x = torch.randn(2, 3, 8, 8)

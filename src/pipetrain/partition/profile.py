@@ -34,9 +34,18 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _fresh(tensor: Tensor, device: torch.device) -> Tensor:
+    # A copy, so that a layer working in place changes neither the caller's sample nor an
+    # earlier layer's output (which a skip connection may still use); and, where grad is
+    # needed, a non-leaf, so that in-place layers (ReLU(inplace=True)) may run on it.
+    copy = tensor.detach().to(device, copy=True)
+    return copy.requires_grad_().clone() if tensor.requires_grad else copy
+
+
 def _detached(batch: Any, device: torch.device) -> Any:
-    """The batch on ``device``, cut from any graph, keeping which tensors need grad."""
-    return map_tensors(lambda t: t.detach().to(device).requires_grad_(t.requires_grad), batch)
+    """A copy of the batch on ``device``, cut from any graph, still needing grad where
+    it did."""
+    return map_tensors(lambda t: _fresh(t, device), batch)
 
 
 def _layer_copies(module: nn.Sequential, device: torch.device) -> Iterator[nn.Module]:
@@ -146,9 +155,8 @@ def profile_sizes(
         ...               param_scale=2.0, device=torch.device("cpu"))
         [224, 64]
     """
-    # A compact copy: a view into the whole batch would count the whole batch's storage.
-    micro = map_tensors(torch.clone, split_batch(input, chunks)[0])
-    batch = _detached(micro, device)
+    # _detached copies: a view into the whole batch would count the whole batch's storage.
+    batch = _detached(split_batch(input, chunks)[0], device)
     sizes: list[int] = []
     with torch.enable_grad():
         for layer in _layer_copies(module, device):

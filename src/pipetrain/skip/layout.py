@@ -193,11 +193,20 @@ def skip_layout(partitions: Sequence[nn.Module]) -> SkipLayout:
 
     Example:
         >>> from torch import nn
-        >>> from pipetrain.models.unet import unet
-        >>> model = unet(depth=1, channels=4)
-        >>> layout = skip_layout([model[:2], model[2:]])
-        >>> len(layout.stashes(0)), len(layout.pops(1)), len(layout.crossing(0))
-        (1, 1, 1)
+        >>> from pipetrain.skip import pop, skippable, stash
+        >>> @skippable(stash=["skip"])
+        ... class Save(nn.Module):
+        ...     def forward(self, x):
+        ...         yield stash("skip", x)
+        ...         return x
+        >>> @skippable(pop=["skip"])
+        ... class Add(nn.Module):
+        ...     def forward(self, x):
+        ...         return x + (yield pop("skip"))
+        >>> model = nn.Sequential(Save(), nn.ReLU(), nn.ReLU(), Add())
+        >>> layout = skip_layout([model[:1], model[1:3], model[3:]])
+        >>> layout.stashes(0), layout.crossing(0), layout.crossing(1), layout.pops(2)
+        (((None, 'skip'),), ((None, 'skip'),), ((None, 'skip'),), ((None, 'skip'),))
     """
     routes, problems = _scan(partitions)
     if problems:
