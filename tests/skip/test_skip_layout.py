@@ -100,7 +100,10 @@ def test_skip_layout_of_a_partitioned_unet():
     skip0, skip1 = model.down0.namespaced("skip"), model.down1.namespaced("skip")
     assert skip0 != skip1 and skip0[1] == skip1[1] == "skip"
     assert layout.num_stages == 3
-    assert layout.routes == (SkipRoute(skip0, 0, 2), SkipRoute(skip1, 1, 2))
+    assert layout.routes == (
+        SkipRoute(skip0, stash_stage=0, pop_stage=2),
+        SkipRoute(skip1, stash_stage=1, pop_stage=2),
+    )
     assert [layout.stashes(j) for j in range(3)] == [(skip0,), (skip1,), ()]
     assert [layout.pops(j) for j in range(3)] == [(), (), (skip0, skip1)]  # stash order
     assert [layout.crossing(j) for j in range(3)] == [(skip0,), (skip0, skip1), ()]
@@ -137,6 +140,9 @@ def test_skip_layout_rejects_unmatched_partitions():
 
 
 def test_layout_is_plain_data():
-    layout = SkipLayout(2, (SkipRoute((None, "s"), 0, 1),))
-    assert layout == SkipLayout(2, (SkipRoute((None, "s"), 0, 1),))
+    route = SkipRoute((None, "s"), stash_stage=0, pop_stage=1)
+    layout = SkipLayout(2, routes=(route,))
+    assert layout == SkipLayout(2, routes=(SkipRoute((None, "s"), stash_stage=0, pop_stage=1),))
+    with pytest.raises(TypeError):
+        SkipRoute((None, "s"), 0, 1)  # stages by keyword only
     assert layout.crossing(0) == ((None, "s"),)

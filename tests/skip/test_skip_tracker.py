@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -71,10 +72,16 @@ def receive(value: torch.Tensor) -> torch.Tensor:
     return value.detach().requires_grad_(value.requires_grad)
 
 
-@pytest.mark.parametrize("use_checkpoint", [False, True])
-def test_gradients_flow_through_skips_across_stages(use_checkpoint):
-    """Run a 3-stage U-Net the way the runtime will, compare with the plain model."""
-    model = unet(depth=2, channels=3, seed=1)
+@pytest.mark.parametrize(
+    ("use_checkpoint", "stage_threads"), [(False, False), (True, False), (True, True)]
+)
+def test_gradients_flow_through_skips_across_stages(use_checkpoint, stage_threads):
+    """Run a 3-stage U-Net the way the runtime will, compare with the plain model.
+
+    With ``stage_threads``, each stage's forwards run in that stage's own thread and
+    the backward (with its recomputations) in the main thread.
+    """
+    model = unet(depth=2, channels=2, seed=1)
     x = torch.randn(5, 3, 8, 8)
     model(x).square().sum().backward()
     reference = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -87,20 +94,25 @@ def test_gradients_flow_through_skips_across_stages(use_checkpoint):
     num_stages = len(partitions)
     saved = {}  # (i, j) -> (inputs, skips_in, output, skips_out)
     outputs = []
+    executors = [ThreadPoolExecutor(1, thread_name_prefix=f"stage{j}") for j in range(3)]
     for i, micro in enumerate(split_batch(x, 3)):
         value, skips = micro, {}
         for j, partition in enumerate(partitions):
             value = receive(value) if j > 0 else value
             skips = {key: receive(t) for key, t in skips.items()}
             assert set(skips) == set(layout.incoming(j))
-            if use_checkpoint:
-                output, skips_out = checkpoint(run_with_skips, partition, value, skips)
+            args = (run_with_skips, partition, value, skips)
+            run = checkpoint if use_checkpoint else (lambda f, *a: f(*a))
+            if stage_threads:
+                output, skips_out = executors[j].submit(run, *args).result(timeout=60)
             else:
-                output, skips_out = run_with_skips(partition, value, skips)
+                output, skips_out = run(*args)
             assert set(skips_out) == set(layout.crossing(j))
             saved[i, j] = (value, skips, output, skips_out)
             value, skips = output, skips_out
         outputs.append(value)
+    for executor in executors:
+        executor.shutdown()
 
     for i in reversed(range(len(outputs))):
         grad_output, grad_skips = None, {}

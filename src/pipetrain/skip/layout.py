@@ -39,6 +39,7 @@ class SkipRoute:
     """
 
     key: SkipKey
+    _: dataclasses.KW_ONLY
     stash_stage: int
     pop_stage: int
 
@@ -58,12 +59,14 @@ class SkipLayout:
     :meth:`crossing`.
 
     Example:
-        >>> layout = SkipLayout(3, (SkipRoute((None, "s"), stash_stage=0, pop_stage=2),))
+        >>> route = SkipRoute((None, "s"), stash_stage=0, pop_stage=2)
+        >>> layout = SkipLayout(3, routes=(route,))
         >>> layout.stashes(0), layout.pops(2), layout.crossing(0), layout.crossing(1)
         (((None, 's'),), ((None, 's'),), ((None, 's'),), ((None, 's'),))
     """
 
     num_stages: int
+    _: dataclasses.KW_ONLY
     routes: tuple[SkipRoute, ...]
 
     def _check(self, j: int) -> None:
@@ -143,7 +146,7 @@ def _scan(stages: Sequence[nn.Module]) -> tuple[list[SkipRoute], list[str]]:
                     )
                 else:
                     popped_at[key] = name
-                    routes.append(SkipRoute(key, stashed_at[key][0], j))
+                    routes.append(SkipRoute(key, stash_stage=stashed_at[key][0], pop_stage=j))
     for key, (_, name) in stashed_at.items():
         if key not in popped_at:
             problems.append(f"'{name}' stashes {_format_key(key)} but no later layer pops it")
@@ -211,4 +214,4 @@ def skip_layout(partitions: Sequence[nn.Module]) -> SkipLayout:
     routes, problems = _scan(partitions)
     if problems:
         _raise(problems)
-    return SkipLayout(len(partitions), tuple(routes))
+    return SkipLayout(len(partitions), routes=tuple(routes))
