@@ -58,3 +58,16 @@ def test_count_parameters_trainable_only() -> None:
     model.bias.requires_grad_(False)
     assert count_parameters(model) == 10
     assert count_parameters(model, trainable_only=True) == 8
+
+
+def test_seeded_is_deterministic_across_threads() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(index: int) -> torch.Tensor:
+        return seeded(lambda: nn.Linear(64, 64), seed=0, index=index).weight.detach()
+
+    expected = [build(index) for index in range(16)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(3):
+            results = list(pool.map(build, range(16)))
+            assert all(torch.equal(a, b) for a, b in zip(expected, results))

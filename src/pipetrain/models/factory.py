@@ -17,6 +17,7 @@ layers live in one module.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -41,6 +42,8 @@ Tie = tuple[tuple[int, str], ...]
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
+_GLOBAL_RNG_LOCK = threading.RLock()  # seeded() borrows torch's global CPU generator
+
 
 def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed that depends only on ``parts`` (stable across processes and runs).
@@ -63,7 +66,9 @@ def seeded(build: Callable[[], ModuleT], *, seed: int, index: int) -> ModuleT:
     """Call ``build()`` with the CPU generator seeded from ``(seed, index)``.
 
     The caller's random state is restored afterwards. Layers are built on the CPU;
-    move them to a device after building.
+    move them to a device after building. Calls from several threads take turns (the
+    generator is global), but a thread drawing random numbers while another builds a
+    layer would still change that layer: build the layers before training starts.
 
     Example:
         >>> a = seeded(lambda: nn.Linear(4, 4), seed=0, index=2)
@@ -71,12 +76,14 @@ def seeded(build: Callable[[], ModuleT], *, seed: int, index: int) -> ModuleT:
         >>> torch.equal(a.weight, b.weight)
         True
     """
-    with torch.random.fork_rng(devices=[]):
+    with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(derive_seed(seed, index))
         return build()
 
 
-def build_sequential(factories: Sequence[LayerFactory], *, ties: Sequence[Tie] = ()) -> nn.Sequential:
+def build_sequential(
+    factories: Sequence[LayerFactory], *, ties: Sequence[Tie] = ()
+) -> nn.Sequential:
     """Call every factory in order and tie the parameters named in ``ties``.
 
     Example:

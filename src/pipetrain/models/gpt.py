@@ -70,7 +70,9 @@ class GPTConfig:
         for name in ("vocab_size", "context", "num_layers", "width", "num_heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"{name}={value!r} must be a positive int, e.g. {name}={defaults[name]}")
+                problems.append(
+                    f"{name}={value!r} must be a positive int, e.g. {name}={defaults[name]}"
+                )
         if not problems and self.width % self.num_heads:
             fitting = max(h for h in range(1, self.num_heads + 1) if self.width % h == 0)
             rounded = math.ceil(self.width / self.num_heads) * self.num_heads
@@ -134,8 +136,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, H, T, D)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         out: Tensor = self.residual_dropout(self.proj(y))  # (B, T, C)
         return out

@@ -67,7 +67,9 @@ class ResNetConfig:
             or not widths
             or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths)
         ):
-            problems.append(f"widths={widths!r} must be a non-empty tuple of positive ints, e.g. widths=(16, 32, 64)")
+            problems.append(
+                f"widths={widths!r} must be a non-empty tuple of positive ints, e.g. widths=(16, 32, 64)"
+            )
         if self.norm not in _NORMS:
             problems.append(f"norm={self.norm!r} is not one of {list(_NORMS)}")
         if problems:
