@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_MAX_BYTES", "load_corpus", "stdlib_source_files"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 4 * 2**20
-"""Default corpus size: 4 MiB, about a third of the standard library's non-test source."""
+"""Default corpus size: 4 MiB (on CPython 3.11: the first ~240 of ~600 files, of ~9.5 MiB)."""
 
 # installed packages, tests, and generated data (codec tables, pydoc's topic strings)
 _SKIPPED_FOLDERS = frozenset(
