@@ -1,5 +1,52 @@
-"""Reference models written as sequences of layers."""
+"""Reference models as sequences of layers, offered as layer factories.
+
+Example:
+    >>> from pipetrain.models import GPTConfig, build_gpt
+    >>> len(build_gpt(GPTConfig(num_layers=2), seed=0))  # Embedding, 2 Blocks, Head
+    4
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from pipetrain.models.factory import (
+    LayerFactory,
+    Tie,
+    build_sequential,
+    count_parameters,
+    tie_parameters,
+)
+from pipetrain.models.gpt import (
+    GPTConfig,
+    build_gpt,
+    generate,
+    gpt_layer_factories,
+    gpt_loss,
+    gpt_ties,
+)
+from pipetrain.models.mlp import build_mlp, mlp_layer_factories
+from pipetrain.models.registry import MODELS, get_model_factories, get_model_ties
+from pipetrain.models.resnet import ResNetConfig, build_resnet, resnet_layer_factories
+from pipetrain.models.unet import unet
+
+__all__ = [
+    "MODELS",
+    "GPTConfig",
+    "LayerFactory",
+    "ResNetConfig",
+    "Tie",
+    "build_gpt",
+    "build_mlp",
+    "build_resnet",
+    "build_sequential",
+    "count_parameters",
+    "generate",
+    "get_model_factories",
+    "get_model_ties",
+    "gpt_layer_factories",
+    "gpt_loss",
+    "gpt_ties",
+    "mlp_layer_factories",
+    "resnet_layer_factories",
+    "tie_parameters",
+    "unet",
+]

@@ -1,0 +1,23 @@
+"""Training data: the default corpus (the Python standard library's source), tokenizer, dataset.
+
+Example:
+    >>> from pipetrain.data import TextDataset, load_corpus
+    >>> dataset = TextDataset(load_corpus(max_bytes=100_000), context=64, seed=0)
+    >>> dataset.batch(0, 8)[0].shape
+    torch.Size([8, 64])
+"""
+
+from __future__ import annotations
+
+from pipetrain.data.corpus import DEFAULT_MAX_BYTES, load_corpus, stdlib_source_files
+from pipetrain.data.dataset import SPLITS, TextDataset
+from pipetrain.data.tokenizer import ByteTokenizer
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "SPLITS",
+    "ByteTokenizer",
+    "TextDataset",
+    "load_corpus",
+    "stdlib_source_files",
+]
