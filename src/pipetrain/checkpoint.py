@@ -30,6 +30,8 @@ __all__ = [
     "CHECKPOINT_MODES",
     "checkpoint",
     "checkpoint_stop",
+    "enable_checkpointing",
+    "enable_recomputing",
     "is_checkpointing",
     "is_recomputing",
 ]
@@ -71,6 +73,31 @@ class _SetFlag:
         traceback: TracebackType | None,
     ) -> None:
         setattr(_flags, self._name, self._previous.stack.pop())
+
+
+def enable_checkpointing() -> _SetFlag:
+    """Context manager: :func:`is_checkpointing` is true inside (this thread only).
+
+    For runtimes that drop activations themselves (the pipeline stages run their
+    checkpointed forward under ``torch.no_grad()`` inside it).
+
+    Example:
+        >>> with enable_checkpointing():
+        ...     is_checkpointing()
+        True
+    """
+    return _SetFlag("checkpointing")
+
+
+def enable_recomputing() -> _SetFlag:
+    """Context manager: :func:`is_recomputing` is true inside (this thread only).
+
+    Example:
+        >>> with enable_recomputing():
+        ...     is_recomputing()
+        True
+    """
+    return _SetFlag("recomputing")
 
 
 def is_checkpointing() -> bool:
@@ -146,7 +173,9 @@ def checkpoint_stop(mode: str, num_microbatches: int, *, training: bool = True) 
     return num_microbatches
 
 
-def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+def checkpoint(
+    function: Callable[..., Any], *args: Any, preserve_rng_state: bool = True
+) -> Any:
     """Run ``function(*args)`` keeping only ``args``; recompute it when backward needs it.
 
     ``args`` may nest tensors in tuples, lists and dicts and hold non-tensor values;
@@ -163,6 +192,10 @@ def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     followed by a weight-gradient pass recomputes twice. (Torch's ``GraphExecGroup``,
     which recomputes once per group, refuses such passes: both unpack the same saved
     activations.)
+
+    ``preserve_rng_state=False`` leaves the random generators alone: for a function that
+    seeds its own random streams (the runtime does this for stages that share a process),
+    so that restoring the global generator cannot disturb another thread.
 
     With gradients disabled (``torch.no_grad()``) there is nothing to recompute:
     ``function(*args)`` runs plainly, with both flags false.
@@ -193,5 +226,6 @@ def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
         return _SetFlag("checkpointing"), _SetFlag("recomputing")
 
     return torch_checkpoint(
-        run, *leaves, use_reentrant=False, context_fn=contexts, preserve_rng_state=True
+        run, *leaves, use_reentrant=False, context_fn=contexts,
+        preserve_rng_state=preserve_rng_state,
     )

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in _COMMANDS.items():
+    for module_name in _COMMANDS.values():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:

@@ -1,0 +1,3 @@
+"""The training APIs: ``GPipe`` (single process, torchgpipe-compatible) and ``Pipeline``."""
+
+__all__: list[str] = []

@@ -1,0 +1,228 @@
+"""``GPipe``: a torchgpipe-compatible pipeline of an ``nn.Sequential`` in one process.
+
+A torchgpipe user changes only the import. Underneath, every partition is a stage of
+pipetrain's runtime with its own persistent worker thread (also when partitions share a
+device), the fill-drain schedule is the same action list the simulator draws, and
+activations and gradients move through the thread transport.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from pipetrain.api.local_step import LocalPipeline
+from pipetrain.batchnorm import DeferredBatchNorm
+from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
+from pipetrain.microbatch import split_batch
+from pipetrain.nested import iter_tensors
+from pipetrain.partition import split_module, verify_balance, verify_module
+from pipetrain.runtime.executor import RankExecutor
+from pipetrain.runtime.rng import SeededRng, is_stochastic
+from pipetrain.runtime.stage import StageCompute
+from pipetrain.runtime.threads import ThreadTransport
+from pipetrain.runtime.workers import StageWorkers
+from pipetrain.schedule import Schedule, build_schedule
+from pipetrain.skip import skip_layout, verify_skippables
+
+__all__ = ["GPipe", "MovingModuleError"]
+
+Device = torch.device | int | str
+
+
+class MovingModuleError(TypeError):
+    """``GPipe`` places its partitions itself; moving the wrapper is refused."""
+
+
+def _moving_denied(what: str) -> MovingModuleError:
+    return MovingModuleError(
+        f"GPipe.{what} would move every partition to one device, but GPipe places each "
+        "partition on its own device; fix: move or convert the model before wrapping it, "
+        "e.g. GPipe(model.to(device), balance, devices=[...]), or choose the devices with "
+        "GPipe(..., devices=['cuda:0', 'cuda:1']). Converting the dtype "
+        "(gpipe.to(torch.float64), gpipe.double()) is allowed."
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
+    return build_schedule(name, num_ranks=num_stages, num_microbatches=num_microbatches)
+
+
+def _resolve_devices(devices: Iterable[Device] | None, num_partitions: int) -> list[torch.device]:
+    if devices is None:
+        if torch.cuda.is_available():
+            devices = range(torch.cuda.device_count())
+        else:
+            devices = ["cpu"] * num_partitions
+    resolved = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+    if len(resolved) < num_partitions:
+        raise IndexError(
+            f"too few devices to hold the partitions: {len(resolved)} devices "
+            f"({[str(d) for d in resolved]}) for {num_partitions} partitions; fix: pass one "
+            f"device per partition, e.g. devices={['cpu'] * num_partitions}, or use fewer "
+            "partitions (several partitions may share a device)"
+        )
+    return resolved[:num_partitions]
+
+
+class GPipe(nn.Module):
+    """Pipeline-parallel wrapper of an ``nn.Sequential`` (GPipe, torchgpipe's API).
+
+    The module is cut into ``len(balance)`` partitions of ``balance[j]`` consecutive
+    layers, partition ``j`` on ``devices[j]``. Each mini-batch is split into ``chunks``
+    micro-batches that flow through the partitions concurrently; ``loss.backward()``
+    runs the pipelined backward. Outputs and gradients equal those of the unpipelined
+    module (transparency).
+
+    Args:
+        module: the ``nn.Sequential`` to pipeline.
+        balance: layers per partition, e.g. ``[2, 2]``; see :mod:`pipetrain.balance`.
+        devices: one device per partition (default: all CUDA devices, else the CPU for
+            every partition). Several partitions may share a device.
+        chunks: number of micro-batches (a smaller batch gives fewer).
+        checkpoint: ``'always'``, ``'except_last'`` or ``'never'``: which micro-batches
+            are re-materialized in backward.
+        deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> model = GPipe(model, balance=[2, 1], chunks=2)
+        >>> out = model(torch.randn(6, 4))
+        >>> out.sum().backward()
+        >>> out.shape
+        torch.Size([6, 2])
+    """
+
+    def __init__(
+        self,
+        module: nn.Sequential,
+        balance: Iterable[int] | None = None,
+        *,
+        devices: Iterable[Device] | None = None,
+        chunks: int = 1,
+        checkpoint: str = "except_last",
+        deferred_batch_norm: bool = False,
+        timeout: float = 300.0,
+    ) -> None:
+        super().__init__()
+        verify_module(module)
+        verify_skippables(module)
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ValueError(
+                f"chunks must be a positive integer, got {chunks!r}; fix: chunks=4 splits "
+                "each mini-batch into 4 micro-batches (use at least 4x the number of "
+                "partitions to keep the pipeline bubble small)"
+            )
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(
+                f"checkpoint must be one of {', '.join(repr(m) for m in CHECKPOINT_MODES)}, "
+                f"got {checkpoint!r}; fix: checkpoint='except_last' (the default)"
+            )
+        balance_list = verify_balance(None if balance is None else list(balance), len(module))
+        device_list = _resolve_devices(devices, len(balance_list))
+        if deferred_batch_norm:
+            module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
+
+        self.balance = balance_list
+        self.devices = device_list
+        self.chunks = chunks
+        self.checkpoint = checkpoint
+        self.timeout = timeout
+        partitions = split_module(module, balance_list)
+        for partition, device in zip(partitions, device_list):
+            partition.to(device)
+        self.partitions = nn.ModuleList(partitions)
+        self._layout = skip_layout(partitions)
+        self._local: LocalPipeline | None = None
+
+    # -- torchgpipe's sequence behaviour ------------------------------------------------
+    def _layers(self) -> list[nn.Module]:
+        return [layer for partition in self.partitions for layer in cast(nn.Sequential, partition)]
+
+    def __len__(self) -> int:
+        return len(self._layers())
+
+    def __getitem__(self, index: int) -> nn.Module:
+        layers = self._layers()
+        try:
+            return layers[index]
+        except IndexError:
+            raise IndexError(f"layer index {index} out of range for {len(layers)} layers") from None
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._layers())
+
+    # -- moving is refused (dtype conversions are fine) ---------------------------------
+    def cuda(self, device: Any = None) -> GPipe:
+        raise _moving_denied("cuda()")
+
+    def cpu(self) -> GPipe:
+        raise _moving_denied("cpu()")
+
+    def to(self, *args: Any, **kwargs: Any) -> GPipe:
+        if "device" in kwargs or "tensor" in kwargs:
+            raise _moving_denied("to(device)")
+        if args and (isinstance(args[0], (torch.device, int, str)) or torch.is_tensor(args[0])):
+            raise _moving_denied("to(device)")
+        super().to(*args, **kwargs)
+        return self
+
+    # -- running ------------------------------------------------------------------------
+    def _pipeline(self) -> LocalPipeline:
+        if self._local is None:
+            transport = ThreadTransport(timeout=self.timeout)
+            num = len(self.partitions)
+            rng = SeededRng()
+            executors = []
+            for j, (partition, device) in enumerate(zip(self.partitions, self.devices)):
+                stage = StageCompute(
+                    partition,
+                    stage_index=j,
+                    device=device,
+                    skips_in=self._layout.incoming(j),
+                    skips_out=self._layout.crossing(j),
+                    rng=rng if is_stochastic(partition) else None,
+                )
+                executors.append(
+                    RankExecutor(rank=j, stage_to_rank=tuple(range(num)), stages={j: stage},
+                                 transport=transport)
+                )
+            workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
+            weakref.finalize(self, workers.close)
+            self._rng = rng
+            self._local = LocalPipeline(executors, workers, transport)
+        return self._local
+
+    def forward(self, input: Any) -> Any:
+        """Run the pipeline on a mini-batch (a tensor or a nested value of tensors)."""
+        batches = split_batch(input, self.chunks)
+        pipeline = self._pipeline()
+        num_microbatches = len(batches)
+        num_stages = len(self.partitions)
+        needs_grad = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in self.parameters())
+            or any(t.requires_grad for t in iter_tensors(input))
+        )
+        if not needs_grad:
+            schedule = _schedule("forward", num_stages, num_microbatches)
+            return pipeline.forward_only(schedule, batches)
+        self._rng.new_step()
+        stop = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
+        schedule = _schedule("gpipe", num_stages, num_microbatches)
+        output = pipeline.forward(schedule, batches, checkpoint_stop=stop, input_value=input)
+        if self.training and num_microbatches < self.chunks:
+            for module in self.modules():
+                if isinstance(module, DeferredBatchNorm):
+                    module.commit()
+        return output
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_local"] = None
+        return state

@@ -1,0 +1,216 @@
+"""One pipelined pass of a single-process pipeline, glued into the caller's autograd.
+
+:class:`LocalPipeline` runs a schedule's forward phase on the stage workers and returns
+the merged output through :class:`_PipelineFunction`; when the caller's ``backward()``
+reaches that function, the schedule's backward phase runs on the workers and the
+gradients of the caller's inputs come back. Parameter gradients accumulate into
+``.grad`` in the workers, as with any backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pipetrain.microbatch import merge_batches
+from pipetrain.nested import flatten, iter_tensors, unflatten
+from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.threads import ThreadTransport
+from pipetrain.runtime.workers import StageWorkers
+from pipetrain.schedule import Action, Op, Schedule
+
+__all__ = ["LocalPipeline"]
+
+_KEY_STRIDE = 1 << 20
+
+
+def split_phases(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
+    """A fill-drain action list cut before its first backward action."""
+    for index, action in enumerate(actions):
+        if action.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.RECV_BACKWARD):
+            return list(actions[:index]), list(actions[index:])
+    return list(actions), []
+
+
+@dataclass
+class _Session:
+    """The state of one forward whose backward is pending."""
+
+    io: list[StepIO]
+    backward_actions: list[list[Action]]
+    output_mask: list[bool] = field(default_factory=list)
+    output_sizes: list[list[int]] = field(default_factory=list)
+    input_sizes: list[list[int]] = field(default_factory=list)
+    input_shapes: list[torch.Size] = field(default_factory=list)
+    forward_actions: list[list[Action]] = field(default_factory=list)
+    leaves: list[Any] = field(default_factory=list)
+    structure: Any = None
+    tensor_positions: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+class LocalPipeline:
+    """Executors of every stage of a single-process pipeline, on persistent workers."""
+
+    def __init__(self, executors: Sequence[RankExecutor], workers: StageWorkers,
+                 transport: ThreadTransport) -> None:
+        self.executors = list(executors)
+        self.workers = workers
+        self.transport = transport
+        self._sessions = itertools.count()
+
+    def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
+             grad: bool) -> None:
+        def task(executor: RankExecutor, acts: Sequence[Action], io: StepIO) -> Any:
+            if not acts:
+                return None
+            return lambda: _run_with_grad(executor, acts, io, grad)
+
+        try:
+            self.workers.run([task(e, a, io) for e, a, io in zip(self.executors, actions, ios)])
+        except BaseException:
+            for executor in self.executors:
+                executor.reset()
+            self.transport.mailbox.clear()
+            raise
+
+    def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
+        """Run a forward-only schedule without autograd; the merged output."""
+        ios = self._ios(len(self.executors), batches, key_offset=self._next_offset(), stop=0)
+        self._run(schedule.actions, ios, grad=False)
+        last = ios[-1]
+        return merge_batches([last.outputs[i] for i in range(len(batches))])
+
+    def forward(self, schedule: Schedule, batches: list[Any], *, checkpoint_stop: int,
+                input_value: Any) -> Any:
+        """Run the forward phase; returns the merged output wired into autograd."""
+        phases = [split_phases(acts) for acts in schedule.actions]
+        ios = self._ios(len(self.executors), batches, key_offset=self._next_offset(),
+                        stop=checkpoint_stop)
+        session = _Session(io=ios, backward_actions=[b for _, b in phases])
+        session.forward_actions = [f for f, _ in phases]
+        session.input_sizes = [
+            [_rows(t) for t in iter_tensors(b) if t.requires_grad] for b in batches
+        ]
+        inputs = [t for t in iter_tensors(input_value) if t.requires_grad]
+        session.input_shapes = [t.shape for t in inputs]
+        weakref.finalize(session, _drop, self.executors, ios[0].key_offset)
+        phony = torch.empty(0, requires_grad=True)
+        results = _PipelineFunction.apply(self, session, phony, *inputs)  # type: ignore[no-untyped-call]
+        leaves = list(session.leaves)
+        for k, result in zip(session.tensor_positions, results):
+            leaves[k] = result
+        session.leaves = []
+        return unflatten(leaves, session.structure)
+
+    def run_forward(self, session: _Session) -> tuple[torch.Tensor, ...]:
+        """The forward phase (inside the autograd function): the merged output tensors."""
+        ios = session.io
+        self._run(session.forward_actions, ios, grad=True)
+        num_microbatches = len(ios[0].inputs or ())
+        outputs = [ios[-1].outputs[i] for i in range(num_microbatches)]
+        session.output_mask = [t.requires_grad for t in iter_tensors(outputs[0])]
+        session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
+        leaves, session.structure = flatten(merge_batches(outputs))
+        session.tensor_positions = [
+            k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
+        ]
+        session.leaves = leaves
+        return tuple(leaves[k].detach() for k in session.tensor_positions)
+
+    def backward(self, session: _Session, grads: Sequence[torch.Tensor | None]) -> list[Any]:
+        """Run the backward phase with the gradients of the merged outputs."""
+        if session.done:
+            raise RuntimeError(
+                "backward through a GPipe output twice: the pipeline frees each micro-batch's "
+                "graph after its backward (retain_graph=True is not supported)"
+            )
+        session.done = True
+        num_microbatches = len(session.output_sizes)
+        wanted = [g for g, keep in zip(grads, session.output_mask) if keep]
+        sizes = [[s for s, keep in zip(row, session.output_mask) if keep]
+                 for row in session.output_sizes]
+        per_output = [_split(g, [sizes[i][k] for i in range(num_microbatches)])
+                      for k, g in enumerate(wanted)]
+        ios = session.io
+        ios[-1].output_grads = [[pieces[i] for pieces in per_output]
+                                for i in range(num_microbatches)]
+        self._run(session.backward_actions, ios, grad=True)
+        first_io = ios[0]
+        merged: list[Any] = []
+        for k, shape in enumerate(session.input_shapes):
+            pieces = [first_io.input_grads.get(i, [None] * (k + 1))[k] for i in range(num_microbatches)]
+            merged.append(_merge_grad(pieces, shape, [session.input_sizes[i][k] for i in range(num_microbatches)]))
+        for io in ios:
+            io.input_grads.clear()
+            io.outputs.clear()
+        return merged
+
+    def _next_offset(self) -> int:
+        return next(self._sessions) * _KEY_STRIDE
+
+    @staticmethod
+    def _ios(num: int, batches: list[Any], *, key_offset: int, stop: int) -> list[StepIO]:
+        ios = [StepIO(key_offset=key_offset, checkpoint_stop=stop) for _ in range(num)]
+        ios[0].inputs = batches
+        return ios
+
+
+def _run_with_grad(executor: RankExecutor, actions: Sequence[Action], io: StepIO, grad: bool) -> None:
+    with torch.set_grad_enabled(grad):
+        executor.run(actions, io)
+
+
+def _rows(tensor: torch.Tensor) -> int:
+    return tensor.shape[0] if tensor.dim() > 0 else -1
+
+
+def _split(grad: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
+    if grad is None:
+        return [None] * len(sizes)
+    if sizes and sizes[0] == -1:  # a 0-dim output: each micro-batch got the whole gradient
+        return [grad] * len(sizes)
+    return list(torch.split(grad, sizes))
+
+
+def _merge_grad(pieces: list[Any], shape: torch.Size, sizes: list[int]) -> torch.Tensor | None:
+    if all(p is None for p in pieces):
+        return None
+    if len(shape) == 0:  # shared across micro-batches: gradients add up
+        return torch.stack([p for p in pieces if p is not None]).sum(0)
+    template = next(p for p in pieces if p is not None)
+    filled = [p if p is not None else template.new_zeros((n, *shape[1:]))
+              for p, n in zip(pieces, sizes)]
+    return torch.cat(filled) if len(filled) > 1 else filled[0]
+
+
+def _drop(executors: list[RankExecutor], key_offset: int) -> None:
+    """A session whose output was freed without backward: free its micro-batches."""
+    for executor in executors:
+        for stage in executor.stages.values():
+            stage.drop(key_offset, key_offset + _KEY_STRIDE)
+
+
+class _PipelineFunction(torch.autograd.Function):
+    """Autograd node standing for the whole pipeline of one forward call."""
+
+    @staticmethod
+    def forward(ctx: Any, pipeline: LocalPipeline, session: _Session, phony: torch.Tensor,
+                *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = pipeline.run_forward(session)
+        ctx.pipeline = pipeline
+        ctx.session = session
+        for tensor, keep in zip(outputs, session.output_mask):
+            if not keep:
+                ctx.mark_non_differentiable(tensor)
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        input_grads = ctx.pipeline.backward(ctx.session, grads)
+        return (None, None, None, *input_grads)

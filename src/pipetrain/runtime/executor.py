@@ -1,0 +1,246 @@
+"""The rank executor: runs one rank's action list, the same code for every transport.
+
+The executor walks its actions in order. Compute actions go to the rank's
+:class:`~pipetrain.runtime.stage.StageCompute` objects; communication actions go to the
+transport; ``REDUCE`` and ``STEP`` go to the :class:`StepHooks` of the training API.
+Hand-offs between two stages of the same rank stay local. A schedule without
+communication actions works too: then each receive happens right before the compute
+that needs it and each send right after the compute that produced it.
+
+Every action is timed (:class:`~pipetrain.schedule.TimedAction`), which is what the
+trace, the timeline picture and the measured bubble are made from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from pipetrain.runtime.stage import StageCompute
+from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Transport, handoff
+from pipetrain.schedule import Action, Op, TimedAction
+
+__all__ = ["RankExecutor", "StepHooks", "StepIO"]
+
+
+class StepHooks(Protocol):
+    """What ``REDUCE`` and ``STEP`` actions do; provided by the training API."""
+
+    def reduce(self, stage: int) -> None:
+        """Start the gradient all-reduce of ``stage`` (asynchronously)."""
+
+    def step(self, stage: int) -> None:
+        """Finish the reduction of ``stage``, step its optimizer, zero its gradients."""
+
+
+@dataclass
+class StepIO:
+    """What one run of actions consumes and produces on a rank.
+
+    Inputs are indexed by micro-batch; only the ranks holding the first (inputs) or last
+    (targets, output gradients) stage need them.
+    """
+
+    inputs: Sequence[Any] | None = None
+    """Input of the first stage, per micro-batch."""
+    targets: Sequence[Any] | None = None
+    """Loss target per micro-batch (the last stage computes ``loss_fn(output, target)``)."""
+    loss_scales: Sequence[float] | None = None
+    """Weight of each micro-batch's loss (its share of the batch)."""
+    output_grads: Sequence[Sequence[torch.Tensor | None]] | None = None
+    """Gradients of the last stage's outputs per micro-batch, when no loss is computed."""
+    outputs: dict[int, Any] = field(default_factory=dict)
+    """Filled: the last stage's output per micro-batch (when no loss is computed)."""
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Filled: the (scaled, detached) loss per micro-batch."""
+    input_grads: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
+    """Filled: gradients of the first stage's inputs that require grad, per micro-batch."""
+    checkpoint_stop: int = 0
+    """Micro-batches ``i < checkpoint_stop`` are re-materialized in backward."""
+    key_offset: int = 0
+    """Added to micro-batch indices in the stages and on the wire, so that several runs
+    whose backward is still pending (several forwards before one ``backward()``) do not
+    collide."""
+
+
+class RankExecutor:
+    """Executes the actions of one rank.
+
+    ``stage_to_rank`` is the placement of all stages (by pipeline rank, as in
+    :class:`~pipetrain.schedule.Schedule`); ``stages`` holds this rank's stages.
+
+    Example:
+        >>> from pipetrain.runtime.threads import ThreadTransport
+        >>> from pipetrain.schedule import parse_actions
+        >>> stage = StageCompute(torch.nn.Linear(2, 2), stage_index=0, device=torch.device("cpu"))
+        >>> ex = RankExecutor(rank=0, stage_to_rank=(0,), stages={0: stage},
+        ...                   transport=ThreadTransport(timeout=5))
+        >>> io = StepIO(inputs=[torch.ones(1, 2)], output_grads=[[torch.ones(1, 2)]])
+        >>> ex.run(parse_actions("0F0 0B0"), io)
+        >>> io.outputs[0].shape
+        torch.Size([1, 2])
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        stage_to_rank: Sequence[int],
+        stages: Mapping[int, StageCompute],
+        transport: Transport,
+        hooks: StepHooks | None = None,
+    ) -> None:
+        self.rank = rank
+        self.stage_to_rank = tuple(stage_to_rank)
+        self.num_stages = len(self.stage_to_rank)
+        self.stages = dict(stages)
+        self.transport = transport
+        self.hooks = hooks
+        self._inbox: dict[tuple[str, int, int], Any] = {}
+        self._outbox: dict[tuple[str, int, int], Any] = {}
+        self._explicit = True
+
+    # -- helpers ----------------------------------------------------------------------
+    def _local(self, stage: int) -> bool:
+        return 0 <= stage < self.num_stages and self.stage_to_rank[stage] == self.rank
+
+    def _announce(self, actions: Sequence[Action]) -> None:
+        counts: Counter[Channel] = Counter()
+        for a in actions:
+            if a.op is Op.RECV_FORWARD or (not self._explicit and a.op is Op.FORWARD
+                                           and a.stage > 0 and not self._local(a.stage - 1)):
+                counts[Channel(ACTIVATION, a.stage - 1, a.stage)] += 1
+            elif a.op is Op.RECV_BACKWARD or (
+                not self._explicit
+                and a.op in (Op.BACKWARD, Op.BACKWARD_INPUT)
+                and a.stage < self.num_stages - 1
+                and not self._local(a.stage + 1)
+            ):
+                counts[Channel(GRADIENT, a.stage + 1, a.stage)] += 1
+        for channel, count in counts.items():
+            self.transport.expect(channel, count)
+
+    def _receive(self, kind: str, stage: int, microbatch: int) -> Any:
+        key = (kind, stage, microbatch)
+        if key in self._inbox:
+            return self._inbox.pop(key)
+        src = stage - 1 if kind == ACTIVATION else stage + 1
+        return self.transport.recv(Channel(kind, src, stage), microbatch)
+
+    def _deliver(self, kind: str, stage: int, microbatch: int, value: Any) -> None:
+        """Route ``value`` produced by ``stage`` to the neighbour that consumes it."""
+        dst = stage + 1 if kind == ACTIVATION else stage - 1
+        if self._local(dst):
+            self._inbox[(kind, dst, microbatch)] = handoff(value)
+        elif self._explicit:
+            self._outbox[(kind, stage, microbatch)] = value
+        else:
+            self.transport.send(Channel(kind, stage, dst), microbatch, value)
+
+    # -- running ----------------------------------------------------------------------
+    def run(
+        self,
+        actions: Sequence[Action],
+        io: StepIO,
+        *,
+        record: list[TimedAction] | None = None,
+        origin: float | None = None,
+    ) -> None:
+        """Run ``actions`` in order. Appends one :class:`TimedAction` per action to
+        ``record`` (times in seconds since ``origin``, default: the start of this run)."""
+        self._explicit = any(a.op.is_communication for a in actions)
+        self._announce(actions)
+        clock = time.perf_counter
+        origin = clock() if origin is None else origin
+        for action in actions:
+            start = clock()
+            try:
+                self._dispatch(action, io)
+            except BaseException as error:
+                if hasattr(error, "add_note"):
+                    error.add_note(f"pipetrain: raised by rank {self.rank} running action {action}")
+                raise
+            if record is not None:
+                record.append(TimedAction(self.rank, action, start - origin, clock() - origin))
+        self.transport.flush()
+
+    def _dispatch(self, action: Action, io: StepIO) -> None:
+        op, j, i = action.op, action.stage, action.microbatch
+        if i is None:
+            if op is Op.REDUCE_GRAD and self.hooks is not None:
+                self.hooks.reduce(j)
+            elif op is Op.OPTIMIZER_STEP and self.hooks is not None:
+                self.hooks.step(j)
+            return
+        key = i + io.key_offset
+        if op is Op.FORWARD:
+            self._forward(j, i, io)
+        elif op is Op.BACKWARD or op is Op.BACKWARD_INPUT:
+            self._backward(j, i, io, split=op is Op.BACKWARD_INPUT)
+        elif op is Op.BACKWARD_WEIGHT:
+            self.stages[j].backward_weight(key)
+        elif op is Op.SEND_FORWARD:
+            value = self._outbox.pop((ACTIVATION, j, key))
+            self.transport.send(Channel(ACTIVATION, j, j + 1), key, value)
+        elif op is Op.SEND_BACKWARD:
+            value = self._outbox.pop((GRADIENT, j, key))
+            self.transport.send(Channel(GRADIENT, j, j - 1), key, value)
+        elif op is Op.RECV_FORWARD:
+            channel = Channel(ACTIVATION, j - 1, j)
+            self._inbox[(ACTIVATION, j, key)] = self.transport.recv(channel, key)
+        elif op is Op.RECV_BACKWARD:
+            # rebuild a checkpointed graph while the gradient is still on its way
+            self.stages[j].recompute(key)
+            channel = Channel(GRADIENT, j + 1, j)
+            self._inbox[(GRADIENT, j, key)] = self.transport.recv(channel, key)
+        else:  # pragma: no cover - every Op is handled above
+            raise NotImplementedError(f"action {action} is not supported by this runtime")
+
+    def _forward(self, j: int, i: int, io: StepIO) -> None:
+        stage = self.stages[j]
+        key = i + io.key_offset
+        if j == 0:
+            assert io.inputs is not None, "the first stage needs StepIO.inputs"
+            message = handoff(io.inputs[i])
+        else:
+            message = self._receive(ACTIVATION, j, key)
+        last = j == self.num_stages - 1
+        target = io.targets[i] if last and io.targets is not None else None
+        scale = io.loss_scales[i] if last and io.loss_scales is not None else None
+        output, loss = stage.forward(
+            key, message, checkpointed=i < io.checkpoint_stop, target=target, loss_scale=scale
+        )
+        if last:
+            if loss is not None:
+                io.losses[i] = loss.detach()
+            else:
+                io.outputs[i] = output
+        else:
+            self._deliver(ACTIVATION, j, key, output)
+
+    def _backward(self, j: int, i: int, io: StepIO, *, split: bool) -> None:
+        stage = self.stages[j]
+        key = i + io.key_offset
+        grads: Any = None
+        if j < self.num_stages - 1:
+            grads = self._receive(GRADIENT, j, key)
+        elif io.output_grads is not None:
+            grads = io.output_grads[i]
+        input_grads = stage.backward_input(key, grads) if split else stage.backward(key, grads)
+        if j == 0:
+            io.input_grads[i] = input_grads
+        else:
+            self._deliver(GRADIENT, j, key, input_grads)
+
+    def reset(self) -> None:
+        """Forget everything in flight (after a failed step)."""
+        self._inbox.clear()
+        self._outbox.clear()
+        for stage in self.stages.values():
+            stage.reset()
+

@@ -1,0 +1,205 @@
+"""Peer monitoring: find a dead rank within a bounded time and name it, never hang.
+
+Every rank runs a heartbeat thread that bumps a counter in the job's c10d store and
+watches everyone else's. A rank whose counter stops moving for ``dead_after`` seconds is
+declared dead. When a rank sees a broken connection it asks the store for the root cause
+first, so the ranks that exit *because* a neighbour died do not get blamed: every rank
+reports the rank that died first. If the main thread is stuck in a call that cannot see
+the failure, the monitor ends the process after ``grace`` seconds with the same message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from torch.distributed import Store
+
+from pipetrain.runtime.errors import PeerFailure
+
+__all__ = ["EXIT_PEER_FAILURE", "PeerMonitor"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_PEER_FAILURE = 75
+"""Exit status of a process that the monitor ended because a peer died."""
+
+
+class PeerMonitor:
+    """Heartbeats through the c10d store, and the root cause of a failure.
+
+    Example (inside a torch.distributed job)::
+
+        monitor = PeerMonitor(store, rank=rank, world_size=world, namespace="run-1")
+        monitor.start()
+        ...
+        monitor.check()    # raises PeerFailure naming the dead rank, if any
+        monitor.stop()     # at a clean exit
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rank: int,
+        world_size: int,
+        namespace: str,
+        interval: float = 0.5,
+        dead_after: float = 10.0,
+        grace: float = 20.0,
+        store_host_rank: int | None = None,
+        on_failure: Callable[[PeerFailure], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.prefix = f"pipetrain/{namespace}"
+        self.interval = interval
+        self.dead_after = dead_after
+        self.grace = grace
+        self.store_host_rank = store_host_rank
+        self.on_failure = on_failure
+        self._failure: PeerFailure | None = None
+        self._acknowledged = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipetrain-monitor", daemon=True)
+
+    # -- keys -------------------------------------------------------------------------
+    def _key(self, *parts: object) -> str:
+        return "/".join([self.prefix, *map(str, parts)])
+
+    def start(self) -> None:
+        """Start the heartbeat thread."""
+        self.store.set(self._key("exit", self.rank), "")
+        self._thread.start()
+
+    def stop(self, *, reason: str = "finished") -> None:
+        """Stop heartbeating; ``reason`` tells the peers why this rank leaves."""
+        try:
+            self.store.set(self._key("exit", self.rank), reason)
+        except Exception:  # the store may be gone already
+            pass
+        self._acknowledged.set()
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval + 1)
+
+    # -- failure ----------------------------------------------------------------------
+    @property
+    def failure(self) -> PeerFailure | None:
+        """The failure found so far, if any."""
+        return self._failure
+
+    def check(self) -> None:
+        """Raise the failure found so far (and stop the forced exit: the caller handles it)."""
+        if self._failure is not None:
+            self._acknowledged.set()
+            raise self._failure
+
+    def explain(self, error: BaseException, peer: int) -> PeerFailure:
+        """The failure to report after ``error`` in communication with rank ``peer``.
+
+        Prefers the root cause recorded by whichever rank saw it first.
+        """
+        cause = self._root_cause(wait=2.0)
+        if cause is None and peer >= 0 and not self._has_exited(peer):
+            guess = (peer, f"rank {peer} died (its connection closed: {error})")
+            self._record(*guess)
+            cause = self._root_cause(wait=0.0) or guess
+        if cause is None:
+            cause = (peer, f"communication with rank {peer} failed: {error}")
+        failure = PeerFailure(self._message(cause[1]), dead_ranks=(cause[0],) if cause[0] >= 0 else ())
+        self._fail(failure)
+        return failure
+
+    def _message(self, cause: str) -> str:
+        return (
+            f"rank {self.rank}: pipeline stopped because {cause}. The other ranks stop too; "
+            "restart the job (with --resume to continue from the last checkpoint)."
+        )
+
+    def _record(self, dead_rank: int, text: str) -> None:
+        try:
+            self.store.compare_set(self._key("cause"), "", f"{dead_rank}|{text}")
+        except Exception:
+            pass
+
+    def _root_cause(self, *, wait: float) -> tuple[int, str] | None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                if self.store.check([self._key("cause")]):
+                    raw = self.store.get(self._key("cause")).decode()
+                    if raw:
+                        dead, _, text = raw.partition("|")
+                        return int(dead), text
+            except Exception:
+                return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def _has_exited(self, rank: int) -> bool:
+        try:
+            key = self._key("exit", rank)
+            return bool(self.store.check([key]) and self.store.get(key))
+        except Exception:
+            return False
+
+    def _fail(self, failure: PeerFailure) -> None:
+        if self._failure is not None:
+            return
+        self._failure = failure
+        logger.error("%s", failure)
+        if self.on_failure is not None:
+            self.on_failure(failure)
+        threading.Thread(target=self._force_exit, name="pipetrain-exit", daemon=True).start()
+
+    def _force_exit(self) -> None:
+        if self._acknowledged.wait(self.grace):
+            return
+        message = f"{self._failure} (forced exit: the main thread did not stop in {self.grace:.0f} s)"
+        logger.critical("%s", message)
+        sys.stderr.write(f"pipetrain: error: {message}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_FAILURE)
+
+    # -- heartbeat --------------------------------------------------------------------
+    def _run(self) -> None:
+        beat_key = self._key("beat", self.rank)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        last_value: dict[int, bytes | None] = {r: None for r in others}
+        last_change = {r: time.monotonic() for r in others}
+        while not self._stopped.wait(self.interval):
+            try:
+                self.store.add(beat_key, 1)
+                keys = [self._key("beat", r) for r in others]
+                present = [r for r, k in zip(others, keys) if self.store.check([k])]
+                values = self.store.multi_get([self._key("beat", r) for r in present]) if present else []
+            except Exception as error:
+                host = self.store_host_rank
+                who = f"rank {host}, which hosts the job's store," if host is not None else "the job's store"
+                self._fail(PeerFailure(self._message(f"{who} is unreachable ({error})"),
+                                       dead_ranks=(host,) if host is not None else ()))
+                return
+            now = time.monotonic()
+            for r, value in zip(present, values):
+                if value != last_value[r]:
+                    last_value[r] = value
+                    last_change[r] = now
+            for r in others:
+                if now - last_change[r] > self.dead_after and not self._has_exited(r):
+                    text = f"rank {r} stopped answering (no heartbeat for {self.dead_after:.0f} s)"
+                    self._record(r, text)
+                    dead, why = self._root_cause(wait=0.0) or (r, text)
+                    self._fail(PeerFailure(self._message(why), dead_ranks=(dead,)))
+                    return
+            if self._failure is None:
+                recorded = self._root_cause(wait=0.0)
+                if recorded is not None:
+                    self._fail(PeerFailure(self._message(recorded[1]), dead_ranks=(recorded[0],)))
+                    return

@@ -1,0 +1,261 @@
+"""One pipeline stage: its layers, and the autograd state of its micro-batches in flight.
+
+A stage is a pure function of what it receives: ``(input, skips) -> (output, skips)``.
+Received tensors become autograd leaves, so the graph of a micro-batch ends at the stage
+boundary; backward starts from the stage's outputs with the gradients the next stage
+sent, and the gradients that land on the leaves are what this stage sends back.
+
+Re-materialization is explicit: a checkpointed micro-batch runs under ``no_grad`` and
+keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, and the
+runtime calls it *before* waiting for the gradient, so the recomputation overlaps the
+next stage's backward (as torchgpipe does). A split backward (input half, weight half)
+recomputes once. Random stages draw from per-(stage, micro-batch) streams
+(:class:`~pipetrain.runtime.rng.SeededRng`), so the recomputation repeats dropout masks.
+
+The message between stages ``j`` and ``j + 1`` is the stage output itself, or
+``(output, [skip tensors])`` when skip connections cross the boundary (in the order of
+:meth:`pipetrain.skip.SkipLayout.crossing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
+from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.runtime.rng import SeededRng
+from pipetrain.runtime.split_backward import WeightGradient, backward_input
+from pipetrain.skip import SkipKey, run_with_skips
+
+__all__ = ["LossFn", "StageCompute"]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+"""``loss_fn(output, target) -> scalar``: the mean loss of one micro-batch."""
+
+
+@dataclass
+class _InFlight:
+    inputs: list[torch.Tensor]
+    """received leaves that require grad, in message order"""
+    outputs: list[torch.Tensor]
+    """output tensors that were announced as needing a gradient, in message order"""
+    loss: torch.Tensor | None
+    replay: tuple[Any, Any, float | None] | None = None
+    """(message, target, loss scale) of a checkpointed micro-batch not yet recomputed"""
+
+
+def _announce(tensor: torch.Tensor, differentiable: bool) -> bool:
+    """Whether a checkpointed output is announced as needing a gradient."""
+    return differentiable and (tensor.is_floating_point() or tensor.is_complex())
+
+
+class StageCompute:
+    """Runs one stage's layers on micro-batches: forward, backward, split backward.
+
+    ``skips_in`` / ``skips_out`` are the skip connections that arrive with the input /
+    leave with the output (empty without skip connections). ``rng`` makes a random stage
+    deterministic when stages share a process (see :mod:`.rng`).
+
+    Example:
+        >>> stage = StageCompute(nn.Linear(2, 2), stage_index=0, device=torch.device("cpu"))
+        >>> out, _ = stage.forward(0, torch.ones(1, 2, requires_grad=True), checkpointed=False)
+        >>> grads = stage.backward(0, [torch.ones(1, 2)])
+        >>> grads[0].shape
+        torch.Size([1, 2])
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        stage_index: int,
+        device: torch.device,
+        skips_in: Sequence[SkipKey] = (),
+        skips_out: Sequence[SkipKey] = (),
+        loss_fn: LossFn | None = None,
+        rng: SeededRng | None = None,
+    ) -> None:
+        self.module = module
+        self.stage_index = stage_index
+        self.device = device
+        self.skips_in = tuple(skips_in)
+        self.skips_out = tuple(skips_out)
+        self.loss_fn = loss_fn
+        self.rng = rng
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._in_flight: dict[int, _InFlight] = {}
+        self._weight: dict[int, WeightGradient] = {}
+
+    # -- forward ----------------------------------------------------------------------
+    def _call(self, microbatch: int, value: Any, skips: dict[SkipKey, Any]) -> Any:
+        scope: Any = contextlib.nullcontext()
+        if self.rng is not None:
+            scope = self.rng.scope(stage=self.stage_index, microbatch=microbatch, device=self.device)
+        with scope:
+            if not self.skips_in and not self.skips_out:
+                return self.module(value), {}
+            return run_with_skips(self.module, value, skips)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device == self.device:
+            return tensor
+        return tensor.to(self.device, non_blocking=True)
+
+    def _compute(
+        self, microbatch: int, message: Any, target: Any, loss_scale: float | None
+    ) -> tuple[Any, torch.Tensor | None]:
+        if self.skips_in:
+            value, skip_list = message
+            skips = dict(zip(self.skips_in, skip_list))
+        else:
+            value, skips = message, {}
+        output, skips_out = self._call(microbatch, value, skips)
+        if self.skips_out:
+            output = (output, [skips_out[key] for key in self.skips_out])
+        loss = None
+        if target is not None and self.loss_fn is not None:
+            loss = self.loss_fn(output, target)
+            if loss_scale is not None:
+                loss = loss * loss_scale
+        return output, loss
+
+    def forward(
+        self,
+        microbatch: int,
+        message: Any,
+        *,
+        checkpointed: bool,
+        target: Any = None,
+        loss_scale: float | None = None,
+    ) -> tuple[Any, torch.Tensor | None]:
+        """Run micro-batch ``microbatch``; returns ``(message for the next stage, loss)``.
+
+        ``loss`` is ``loss_fn(output, target) * loss_scale`` when this stage computes the
+        loss (``target`` given), else ``None``. With autograd enabled the micro-batch's
+        state is kept for its backward: its graph, or, if ``checkpointed``, only its
+        inputs (the graph is rebuilt by :meth:`recompute`).
+        """
+        leaves = [t for t in iter_tensors(message) if t.requires_grad]
+        message = map_tensors(self._to_device, message)
+        if target is not None:
+            target = map_tensors(self._to_device, target)
+        if not torch.is_grad_enabled():
+            return self._compute(microbatch, message, target, loss_scale)
+        if not checkpointed:
+            output, loss = self._compute(microbatch, message, target, loss_scale)
+            outputs = [t for t in iter_tensors(output) if t.requires_grad]
+            self._in_flight[microbatch] = _InFlight(leaves, outputs, loss)
+            return output, loss
+        with torch.no_grad(), enable_checkpointing():
+            output, loss = self._compute(microbatch, message, target, loss_scale)
+        # announce the outputs that will carry a gradient once recomputed
+        differentiable = bool(leaves) or bool(self.params)
+        output = map_tensors(
+            lambda t: t.detach().requires_grad_(True) if _announce(t, differentiable) else t,
+            output,
+        )
+        announced = [t for t in iter_tensors(output) if t.requires_grad]
+        self._in_flight[microbatch] = _InFlight(
+            leaves, announced, None, replay=(message, target, loss_scale)
+        )
+        return output, loss
+
+    def recompute(self, microbatch: int) -> None:
+        """Rebuild the graph of a checkpointed micro-batch (no-op otherwise)."""
+        state = self._in_flight.get(microbatch)
+        if state is None or state.replay is None:
+            return
+        message, target, loss_scale = state.replay
+        with torch.enable_grad(), enable_recomputing():
+            output, loss = self._compute(microbatch, message, target, loss_scale)
+        differentiable = bool(state.inputs) or bool(self.params)
+        # the positions announced at forward time; one that turns out to need no
+        # gradient (nothing trainable behind it) is skipped in backward
+        state.outputs = [t for t in iter_tensors(output) if _announce(t, differentiable)]
+        state.loss = loss
+        state.replay = None
+
+    # -- backward ---------------------------------------------------------------------
+    def _targets(
+        self, state: _InFlight, grads: Sequence[torch.Tensor | None] | None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        if state.loss is not None:
+            return [state.loss], [None]
+        if grads is None:
+            raise RuntimeError(
+                f"stage {self.stage_index} got no output gradients and computes no loss"
+            )
+        if len(grads) != len(state.outputs):
+            raise RuntimeError(
+                f"stage {self.stage_index} has {len(state.outputs)} outputs that need a "
+                f"gradient but received {len(grads)} gradients"
+            )
+        pairs = [(t, g) for t, g in zip(state.outputs, grads) if g is not None and t.requires_grad]
+        return [t for t, _ in pairs], [g for _, g in pairs]
+
+    def _take(self, microbatch: int) -> _InFlight:
+        try:
+            return self._in_flight.pop(microbatch)
+        except KeyError:
+            raise RuntimeError(
+                f"stage {self.stage_index}: backward of micro-batch {microbatch} without its "
+                "forward (or twice); in flight: "
+                f"{sorted(self._in_flight)}"
+            ) from None
+
+    def backward(
+        self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
+    ) -> list[torch.Tensor | None]:
+        """Full backward of a micro-batch: weight gradients accumulate into ``.grad``;
+        returns the gradients of the received tensors that require grad."""
+        self.recompute(microbatch)
+        state = self._take(microbatch)
+        tensors, grad_tensors = self._targets(state, grads)
+        if tensors:
+            torch.autograd.backward(tensors, grad_tensors)
+        return [leaf.grad for leaf in state.inputs]
+
+    def backward_input(
+        self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
+    ) -> list[torch.Tensor | None]:
+        """Input-gradient half of the backward; the weight half waits for
+        :meth:`backward_weight`."""
+        self.recompute(microbatch)
+        state = self._take(microbatch)
+        tensors, grad_tensors = self._targets(state, grads)
+        input_grads, weight = backward_input(tensors, grad_tensors, state.inputs, self.params)
+        self._weight[microbatch] = weight
+        return input_grads
+
+    def backward_weight(self, microbatch: int) -> None:
+        """Weight-gradient half of the backward of a micro-batch."""
+        try:
+            weight = self._weight.pop(microbatch)
+        except KeyError:
+            raise RuntimeError(
+                f"stage {self.stage_index}: weight backward of micro-batch {microbatch} "
+                "before its input backward"
+            ) from None
+        weight.run()
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose forward ran and whose backward has not finished."""
+        return len(self._in_flight) + len(self._weight)
+
+    def drop(self, low: int, high: int) -> None:
+        """Forget the micro-batches with keys in ``[low, high)`` (their backward will not come)."""
+        for table in (self._in_flight, self._weight):
+            for key in [k for k in table if low <= k < high]:
+                table.pop(key, None)
+
+    def reset(self) -> None:
+        """Drop every micro-batch's state (after a failed step)."""
+        self._in_flight.clear()
+        self._weight.clear()

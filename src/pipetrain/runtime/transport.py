@@ -1,0 +1,187 @@
+"""Transports: how a stage's activations and gradients reach the neighbouring stage.
+
+The stage runtime talks to its neighbours only through :class:`Transport`, so the same
+runtime runs with its neighbours as threads of this process (:mod:`.threads`) or as other
+processes (:mod:`.distributed`). A message travels on a :class:`Channel` (activations
+from stage ``j`` to ``j + 1``, or gradients from ``j + 1`` to ``j``) and is filed in the
+receiver's :class:`Mailbox` under its micro-batch index, so receives may be consumed in
+any order.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from pipetrain.nested import map_tensors
+from pipetrain.runtime.errors import CommunicationTimeout, PipelineError
+
+__all__ = ["ACTIVATION", "GRADIENT", "Channel", "Mailbox", "Transport", "handoff"]
+
+ACTIVATION = "activation"
+GRADIENT = "gradient"
+
+
+class Channel(NamedTuple):
+    """A one-way link between two adjacent stages.
+
+    ``Channel(ACTIVATION, 0, 1)`` carries stage 0's outputs to stage 1;
+    ``Channel(GRADIENT, 1, 0)`` carries the gradients of stage 1's inputs back to stage 0.
+    """
+
+    kind: str
+    src_stage: int
+    dst_stage: int
+
+    @property
+    def boundary(self) -> int:
+        """Index ``j`` of the boundary between stages ``j`` and ``j + 1``."""
+        return min(self.src_stage, self.dst_stage)
+
+    @property
+    def tag(self) -> int:
+        """A number unique to the channel (used as the message tag)."""
+        return 2 * self.boundary + (0 if self.kind == ACTIVATION else 1)
+
+    def __str__(self) -> str:
+        return f"{self.kind}s {self.src_stage}->{self.dst_stage}"
+
+
+def _cut(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().requires_grad_(tensor.requires_grad)
+
+
+def handoff(value: Any) -> Any:
+    """What the receiving stage gets when a value stays in this process: new autograd
+    leaves over the same storage, requiring grad exactly where the sender's tensors did.
+    The graph of a micro-batch ends at the stage boundary, as it does between processes.
+
+    Example:
+        >>> x = torch.ones(2, requires_grad=True) * 2
+        >>> y = handoff(x)
+        >>> y.is_leaf, y.requires_grad
+        (True, True)
+    """
+    return map_tensors(_cut, value)
+
+
+class Transport(Protocol):
+    """What the stage runtime needs from a transport."""
+
+    def send(self, channel: Channel, microbatch: int, value: Any) -> None:
+        """Post ``value`` for ``microbatch`` on ``channel``; never blocks on the receiver."""
+
+    def recv(self, channel: Channel, microbatch: int) -> Any:
+        """The value sent for ``microbatch`` on ``channel``; blocks (with a timeout)."""
+
+    def expect(self, channel: Channel, count: int) -> None:
+        """Announce ``count`` more receives on ``channel`` (lets a transport post them early)."""
+
+    def flush(self) -> None:
+        """Wait until every send posted so far has left this rank."""
+
+    def close(self) -> None:
+        """Release the transport's threads and buffers."""
+
+
+class Mailbox:
+    """Thread-safe slots of received values keyed by (channel, micro-batch).
+
+    Values of the same key are kept in arrival order. A failure recorded with :meth:`fail`
+    wakes every waiter and is raised by every later :meth:`get`.
+
+    Example:
+        >>> box = Mailbox()
+        >>> c = Channel(ACTIVATION, 0, 1)
+        >>> box.put(c, 3, "x")
+        >>> box.get(c, 3, timeout=1.0)
+        'x'
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[Channel, int], collections.deque[Any]] = {}
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+
+    def put(self, channel: Channel, microbatch: int, value: Any) -> None:
+        """File ``value``; wakes a waiter of the same key."""
+        with self._cond:
+            self._slots.setdefault((channel, microbatch), collections.deque()).append(value)
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Record a failure; every waiter raises it (the first failure wins)."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The recorded failure, if any."""
+        return self._error
+
+    def get(
+        self,
+        channel: Channel,
+        microbatch: int,
+        *,
+        timeout: float,
+        check: Callable[[], None] | None = None,
+        poll: float = 1.0,
+    ) -> Any:
+        """Take the oldest value of the key, waiting up to ``timeout`` seconds.
+
+        ``check`` runs every ``poll`` seconds while waiting (a health check that raises
+        when a peer died).
+        """
+        key = (channel, microbatch)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                slot = self._slots.get(key)
+                if slot:
+                    value = slot.popleft()
+                    if not slot:
+                        del self._slots[key]
+                    return value
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommunicationTimeout(
+                        f"waited {timeout:.0f} s for the {channel.kind}s of micro-batch "
+                        f"{microbatch} from stage {channel.src_stage} to stage "
+                        f"{channel.dst_stage}; the sending stage is stuck or much slower. "
+                        "Raise the timeout (PipelineConfig(timeout=...)) if this is expected."
+                    )
+                self._cond.wait(min(poll, remaining))
+                if check is not None:
+                    self._cond.release()
+                    try:
+                        check()
+                    finally:
+                        self._cond.acquire()
+
+    def clear(self) -> None:
+        """Drop every pending value and the recorded failure (after a failed step)."""
+        with self._cond:
+            self._slots.clear()
+            self._error = None
+
+    def pending(self) -> int:
+        """How many values wait to be taken."""
+        with self._cond:
+            return sum(len(slot) for slot in self._slots.values())
+
+
+def raise_if_failed(mailbox: Mailbox) -> None:
+    """Raise the mailbox's recorded failure, if any."""
+    if mailbox.error is not None:
+        error = mailbox.error
+        raise error if isinstance(error, PipelineError) else PipelineError(str(error))

@@ -1,0 +1,135 @@
+"""Stage workers: one persistent thread per stage of a single-process pipeline.
+
+Each worker runs its tasks in order on its own thread, with its device set and its share
+of the CPU's intra-op threads, so stages run concurrently even when they share a device
+(torchgpipe serializes all stages of one device on a single thread). Workers live from
+the first step to :meth:`StageWorkers.close` (or the owner's garbage collection).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+__all__ = ["StageWorkers"]
+
+_STOP = object()
+
+
+def _worker_loop(tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)
+    while True:
+        item = tasks.get()
+        if item is _STOP:
+            return
+        future, function = item
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(function())
+        except BaseException as error:
+            future.set_exception(error)
+
+
+class StageWorkers:
+    """One thread per stage; :meth:`run` gives each its task and waits for all of them.
+
+    ``on_error`` is called with the first exception a task raises, before the other
+    tasks are awaited: it must wake them (e.g. fail the transport's mailbox) so that a
+    failed stage never leaves its neighbours waiting.
+
+    Example:
+        >>> workers = StageWorkers([torch.device("cpu")] * 2)
+        >>> workers.run([lambda: 1, lambda: 2])
+        [1, 2]
+        >>> workers.close()
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[torch.device],
+        *,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        num_cpu = sum(1 for d in devices if d.type == "cpu")
+        cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
+        self.on_error = on_error
+        self._queues: list[queue.SimpleQueue[Any]] = []
+        self._threads: list[threading.Thread] = []
+        for j, device in enumerate(devices):
+            tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=_worker_loop,
+                args=(tasks, device, cpu_threads if device.type == "cpu" else 0),
+                name=f"pipetrain-stage-{j}",
+                daemon=True,
+            )
+            thread.start()
+            self._queues.append(tasks)
+            self._threads.append(thread)
+
+    def __len__(self) -> int:
+        return len(self._threads)
+
+    def run(self, tasks: Sequence[Callable[[], Any] | None]) -> list[Any]:
+        """Run ``tasks[j]`` on worker ``j`` (``None``: nothing); return their results.
+
+        If tasks fail, the first failure is raised after every task has finished.
+        """
+        if len(tasks) != len(self._queues):
+            raise ValueError(f"{len(tasks)} tasks for {len(self._queues)} workers")
+        futures: list[Future[Any] | None] = []
+        for q, task in zip(self._queues, tasks):
+            if task is None:
+                futures.append(None)
+                continue
+            submitted: Future[Any] = Future()
+            q.put((submitted, task))
+            futures.append(submitted)
+        first: BaseException | None = None
+        lock = threading.Lock()
+
+        def note(done: Future[Any]) -> None:
+            nonlocal first
+            error = done.exception()
+            if error is None:
+                return
+            with lock:
+                if first is not None:
+                    return
+                first = error
+            if self.on_error is not None:
+                self.on_error(error)
+
+        for future in futures:
+            if future is not None:
+                future.add_done_callback(note)
+        results = [None if f is None else _result(f) for f in futures]
+        if first is not None:
+            raise first
+        return results
+
+    def close(self) -> None:
+        """Stop the threads (after their current task)."""
+        for q in self._queues:
+            q.put(_STOP)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+        self._queues.clear()
+        self._threads.clear()
+
+
+def _result(future: Future[Any]) -> Any:
+    try:
+        return future.result()
+    except BaseException:
+        return None
