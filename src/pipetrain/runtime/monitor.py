@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from torch.distributed import Store
+from torch.distributed.distributed_c10d import Store
 
 from pipetrain.runtime.errors import PeerFailure
 
