@@ -116,6 +116,13 @@ class PeerMonitor:
         self._fail(failure)
         return failure
 
+    def report_error(self, error: BaseException) -> None:
+        """Record that this rank fails with ``error`` (the root cause, unless one is known)."""
+        if isinstance(error, PeerFailure):
+            return
+        text = f"{type(error).__name__}: {error}".splitlines()[0]
+        self._record(self.rank, f"rank {self.rank} failed with {text}")
+
     def _message(self, cause: str) -> str:
         return (
             f"rank {self.rank}: pipeline stopped because {cause}. The other ranks stop too; "

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["SeededRng", "is_stochastic"]
+__all__ = ["SeededRng", "is_stochastic", "mix_seed"]
 
 _STOCHASTIC = (
     nn.Dropout,
@@ -56,8 +56,13 @@ def is_stochastic(module: nn.Module) -> bool:
     return False
 
 
-def _mix(*numbers: int) -> int:
-    # splitmix64 over the numbers: well spread seeds from small, correlated inputs
+def mix_seed(*numbers: int) -> int:
+    """A well-spread 63-bit seed from small, correlated integers (splitmix64).
+
+    Example:
+        >>> mix_seed(0, 1) != mix_seed(1, 0)
+        True
+    """
     state = 0x9E3779B97F4A7C15
     for number in numbers:
         state = (state ^ (number & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
@@ -95,7 +100,7 @@ class SeededRng:
     @contextlib.contextmanager
     def scope(self, *, stage: int, microbatch: int, device: torch.device) -> Iterator[None]:
         """Run the block alone, with the generators seeded for this stage and micro-batch."""
-        seed = _mix(self.step_seed, stage, microbatch)
+        seed = mix_seed(self.step_seed, stage, microbatch)
         cuda = [device.index or 0] if device.type == "cuda" else []
         with self.lock, torch.random.fork_rng(devices=cuda):
             torch.default_generator.manual_seed(seed)

@@ -1,0 +1,128 @@
+"""The pipeline layout: which layers each stage holds, where each stage lives, ties.
+
+Every process computes the same layout from the configuration, so no process needs to
+see the whole model: a rank builds only the layers of its own stages (from layer
+factories), named by their global layer index, so parameter names (``layers.5.weight``)
+do not depend on the number of stages (checkpoints reshard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from pipetrain.api.config import PipelineConfig
+from pipetrain.partition import verify_balance
+
+__all__ = ["LayerSource", "Layout", "StageModule", "Tie"]
+
+LayerSource = Sequence[Callable[[], nn.Module]] | nn.Sequential
+"""Layer factories (each builds one layer, the same weights wherever it is called) or an
+``nn.Sequential`` (every process then holds the whole model)."""
+
+Tie = tuple[tuple[int, str], ...]
+"""Tied parameters as ``((layer index, parameter name in the layer), ...)``."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Stages, ranks and replicas of one job (the same on every process).
+
+    Global rank ``g`` is pipeline rank ``g // replicas``, replica ``g % replicas``.
+
+    Example:
+        >>> from pipetrain.api.config import PipelineConfig
+        >>> layout = Layout.create(PipelineConfig(num_stages=2, replicas=2), num_layers=4)
+        >>> layout.layer_ranges
+        (range(0, 2), range(2, 4))
+        >>> layout.global_rank(pipeline_rank=1, replica=0)
+        2
+    """
+
+    num_stages: int
+    """Pipeline ranks per replica."""
+    replicas: int
+    stage_to_rank: tuple[int, ...]
+    """Pipeline rank of each model stage."""
+    layer_ranges: tuple[range, ...]
+    """Layers of each model stage."""
+
+    @staticmethod
+    def create(config: PipelineConfig, *, num_layers: int) -> Layout:
+        """The layout of ``num_layers`` layers under ``config``."""
+        num_model_stages = config.num_model_stages
+        if config.balance is None:
+            if num_model_stages > num_layers:
+                raise ValueError(
+                    f"more stages than layers: {num_model_stages} stages "
+                    f"({config.num_stages} ranks x {config.stages_per_rank} stages per rank) "
+                    f"for {num_layers} layers; fix: use at most {num_layers} stages, e.g. "
+                    f"num_stages={max(1, num_layers // config.stages_per_rank)}"
+                )
+            base, extra = divmod(num_layers, num_model_stages)
+            balance = [base + (1 if j < extra else 0) for j in range(num_model_stages)]
+        else:
+            balance = verify_balance(list(config.balance), num_layers)
+            if len(balance) != num_model_stages:
+                raise ValueError(
+                    f"balance {list(config.balance)} has {len(balance)} entries but the "
+                    f"pipeline has {num_model_stages} stages; fix: give one layer count per "
+                    f"stage, or set num_stages={len(balance)}"
+                )
+        starts = [sum(balance[:j]) for j in range(len(balance))]
+        ranges = tuple(range(s, s + n) for s, n in zip(starts, balance))
+        placement = tuple(j % config.num_stages for j in range(num_model_stages))
+        return Layout(config.num_stages, config.replicas, placement, ranges)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_stages * self.replicas
+
+    def global_rank(self, *, pipeline_rank: int, replica: int) -> int:
+        """The global rank of a pipeline rank in a replica."""
+        return pipeline_rank * self.replicas + replica
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """``(pipeline rank, replica)`` of a global rank."""
+        return divmod(rank, self.replicas)
+
+    def stages_of(self, pipeline_rank: int) -> tuple[int, ...]:
+        """Model stages held by a pipeline rank."""
+        return tuple(j for j, r in enumerate(self.stage_to_rank) if r == pipeline_rank)
+
+    def stage_of_layer(self, layer: int) -> int:
+        """The model stage holding layer ``layer``."""
+        for j, layers in enumerate(self.layer_ranges):
+            if layer in layers:
+                return j
+        raise ValueError(f"layer {layer} is not in the model (it has {self.layer_ranges[-1].stop} layers)")
+
+    def stage_ranks(self, *, replica: int) -> tuple[int, ...]:
+        """Global rank of every model stage in ``replica`` (the transport's placement)."""
+        return tuple(self.global_rank(pipeline_rank=r, replica=replica) for r in self.stage_to_rank)
+
+
+class StageModule(nn.Module):
+    """The consecutive layers of one stage, applied in order; children are named by their
+    global layer index.
+
+    Example:
+        >>> import torch
+        >>> stage = StageModule({3: nn.Linear(2, 2), 4: nn.ReLU()})
+        >>> [name for name, _ in stage.named_children()]
+        ['3', '4']
+        >>> stage(torch.zeros(1, 2)).shape
+        torch.Size([1, 2])
+    """
+
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for index, layer in layers.items():
+            self.add_module(str(index), layer)
+
+    def forward(self, value: object) -> object:
+        for layer in self.children():
+            value = layer(value)
+        return value

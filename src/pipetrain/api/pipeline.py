@@ -1,0 +1,453 @@
+"""``Pipeline``: pipeline-parallel training across processes with torch.distributed.
+
+Every process of the job creates the same ``Pipeline``; each builds only the layers of
+its own stages, runs its rank's action list of the schedule, and exchanges activations
+and gradients with its neighbours through torch.distributed point to point. With
+``replicas = D`` every stage has D data-parallel copies whose gradients are summed.
+The math does not depend on the layout: for any number of stages, replicas, schedule and
+checkpoint mode the losses and weights equal single-process training on the same batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipetrain.api.config import PipelineConfig
+from pipetrain.api.layout import LayerSource, Layout, StageModule, Tie
+from pipetrain.api.optimizer_step import (
+    OptimizerFactory,
+    SchedulerFactory,
+    StageOptimizers,
+    TiedParameter,
+)
+from pipetrain.checkpoint import checkpoint_stop
+from pipetrain.microbatch import batch_size, merge_batches, split_batch
+from pipetrain.runtime.distributed import DistTransport
+from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.monitor import PeerMonitor
+from pipetrain.runtime.process_group import DistContext
+from pipetrain.runtime.rng import SeededRng, is_stochastic, mix_seed
+from pipetrain.runtime.stage import LossFn, StageCompute
+from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel
+from pipetrain.schedule import Action, Schedule, TimedAction, build_schedule, canonical_name
+
+__all__ = ["Pipeline"]
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, attr = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, attr
+
+
+class Pipeline:
+    """A model trained as a pipeline of stages over the processes of a torch.distributed job.
+
+    Args:
+        layers: layer factories (each builds one layer; only this rank's are called) or
+            an ``nn.Sequential``.
+        loss_fn: ``loss_fn(output, target)``, the MEAN loss of a micro-batch; the last
+            stage applies it and weights each micro-batch by its share of the batch.
+        optimizer: builds each stage's optimizer from its parameters.
+        config: layout and schedule (:class:`PipelineConfig`).
+        context: from :func:`pipetrain.init_distributed` (default: the initialized
+            default process group).
+        lr_scheduler: builds each stage's LR scheduler from its optimizer (stepped once
+            per training step).
+        ties: tied weights, e.g. ``[((0, "token.weight"), (5, "proj.weight"))]``: every
+            copy starts equal and gets the sum of all their gradients.
+
+    Example (in each of 2 processes started by ``torchrun --nproc-per-node 2``)::
+
+        ctx = pipetrain.init_distributed()
+        pipe = Pipeline(mlp_layer_factories(width=64, depth=8, seed=0),
+                        loss_fn=torch.nn.functional.mse_loss,
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                        config=PipelineConfig(schedule="1f1b", num_stages=2,
+                                              num_microbatches=8),
+                        context=ctx)
+        loss = pipe.train_step(inputs, targets)   # the same mean loss on every rank
+    """
+
+    def __init__(
+        self,
+        layers: LayerSource,
+        *,
+        loss_fn: LossFn,
+        optimizer: OptimizerFactory,
+        config: PipelineConfig | None = None,
+        context: DistContext | None = None,
+        lr_scheduler: SchedulerFactory | None = None,
+        ties: Sequence[Tie] = (),
+    ) -> None:
+        config = PipelineConfig() if config is None else config
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "Pipeline needs an initialized torch.distributed job; fix: call "
+                "pipetrain.init_distributed() first in every process (launch the processes "
+                "with `pipetrain train` or torchrun)"
+            )
+        world_size = dist.get_world_size()
+        if world_size != config.world_size:
+            raise ValueError(
+                f"the job has {world_size} processes but the configuration needs "
+                f"num_stages x replicas = {config.num_stages} x {config.replicas} = "
+                f"{config.world_size}; fix: launch {config.world_size} processes or set "
+                f"num_stages={world_size // config.replicas}"
+            )
+        self.config = config
+        self.rank = dist.get_rank()
+        self.context = context
+        self.device = context.device if context is not None else torch.device("cpu")
+        self.loss_fn = loss_fn
+        self.schedule_name = canonical_name(config.schedule)
+        num_layers = len(layers)
+        self.layout = Layout.create(config, num_layers=num_layers)
+        self.pipeline_rank, self.replica = self.layout.position(self.rank)
+        self.local_stages = self.layout.stages_of(self.pipeline_rank)
+        self._schedules: dict[tuple[str, int], Schedule] = {}
+        self._check_schedule(config.num_microbatches)
+
+        # this rank's layers, named by global index; tied copies that meet here are shared
+        self.layers = self._build_layers(layers)
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
+        self._groups = self._make_groups()
+        ties_here = self._tie(list(ties))
+        self._broadcast_initial_weights(ties_here)
+
+        last = self.layout.stage_to_rank.__len__() - 1
+        self._rng = SeededRng()
+        self.stages: dict[int, StageCompute] = {}
+        for j in self.local_stages:
+            module = StageModule({i: self.layers[i] for i in self.layout.layer_ranges[j]})
+            self.stages[j] = StageCompute(
+                module,
+                stage_index=j,
+                device=self.device,
+                loss_fn=loss_fn if j == last else None,
+                rng=self._rng if is_stochastic(module) else None,
+            )
+        self.optimizers = StageOptimizers(
+            self._stage_params(),
+            optimizer=optimizer,
+            scheduler=lr_scheduler,
+            dp_group=self._groups["dp"],
+            dp_size=config.replicas,
+            pp_group=self._groups["pp"],
+            ties=ties_here,
+            clip_grad_norm=config.clip_grad_norm,
+        )
+        self._monitor = self._start_monitor()
+        stage_ranks = self.layout.stage_ranks(replica=self.replica)
+        inbound, outbound = self._channels()
+        self.transport = DistTransport(
+            stage_to_rank=stage_ranks,
+            inbound=inbound,
+            outbound=outbound,
+            timeout=config.timeout,
+            check=self._monitor.check if self._monitor is not None else None,
+            explain=self._monitor.explain if self._monitor is not None else None,
+        )
+        if self._monitor is not None:
+            self._monitor.on_failure = self.transport.mailbox.fail
+        self.executor = RankExecutor(
+            rank=self.rank,
+            stage_to_rank=stage_ranks,
+            stages=self.stages,
+            transport=self.transport,
+            hooks=self.optimizers,
+        )
+        self.step = 0
+        """Training steps taken (restored by :meth:`load`)."""
+        self.last_timeline: list[TimedAction] = []
+        """This rank's measured actions of the last step (seconds since its start)."""
+        self.last_step_start: float = 0.0
+        """Wall-clock time (``time.time()``) at which the last step started on this rank."""
+
+    # -- construction -------------------------------------------------------------------
+    def _check_schedule(self, num_microbatches: int) -> None:
+        try:
+            self._schedule(self.schedule_name, num_microbatches)
+        except ValueError as error:
+            raise ValueError(
+                f"schedule {self.schedule_name!r} cannot run {num_microbatches} micro-batches "
+                f"on {self.config.num_stages} ranks: {error}"
+            ) from None
+
+    def _schedule(self, name: str, num_microbatches: int) -> Schedule:
+        key = (name, num_microbatches)
+        if key not in self._schedules:
+            self._schedules[key] = self._build_schedule(name, num_microbatches)
+        return self._schedules[key]
+
+    def _build_schedule(self, name: str, num_microbatches: int) -> Schedule:
+        training = name != "forward"
+        return build_schedule(
+            name,
+            num_ranks=self.config.num_stages,
+            num_microbatches=num_microbatches,
+            stages_per_rank=self.config.stages_per_rank,
+            optimizer_step=training,
+            reduce=training,
+        )
+
+    def _build_layers(self, source: LayerSource) -> dict[int, nn.Module]:
+        indices = [i for j in self.local_stages for i in self.layout.layer_ranges[j]]
+        layers: dict[int, nn.Module] = {}
+        for i in indices:
+            layer = source[i] if isinstance(source, nn.Sequential) else source[i]()
+            if not isinstance(layer, nn.Module):
+                raise TypeError(
+                    f"layer factory {i} returned {type(layer).__name__}, not an nn.Module; "
+                    "fix: each factory must build and return one layer"
+                )
+            layers[i] = layer.to(self.device)
+        return layers
+
+    def _make_groups(self) -> dict[str, Any]:
+        layout = self.layout
+        groups: dict[str, Any] = {"pp": None, "dp": None}
+        # every rank creates every group, in the same order
+        for replica in range(layout.replicas):
+            ranks = [layout.global_rank(pipeline_rank=r, replica=replica) for r in range(layout.num_stages)]
+            group = dist.new_group(ranks) if layout.replicas > 1 else dist.group.WORLD
+            if replica == self.replica:
+                groups["pp"] = group
+        for pipeline_rank in range(layout.num_stages):
+            ranks = [layout.global_rank(pipeline_rank=pipeline_rank, replica=d) for d in range(layout.replicas)]
+            group = dist.new_group(ranks) if layout.replicas > 1 else None
+            if pipeline_rank == self.pipeline_rank:
+                groups["dp"] = group
+        return groups
+
+    def _tie(self, ties: list[Tie]) -> list[TiedParameter]:
+        layout = self.layout
+        tied: list[TiedParameter] = []
+        num_layers = layout.layer_ranges[-1].stop
+        for tie in ties:
+            for layer, _ in tie:
+                if not 0 <= layer < num_layers:
+                    raise ValueError(
+                        f"tie {tie} names layer {layer}, but the model has layers 0..{num_layers - 1}"
+                    )
+            holders = sorted({layout.stage_to_rank[layout.stage_of_layer(i)] for i, _ in tie})
+            local = [(i, name) for i, name in tie if i in self.layers]
+            shared: nn.Parameter | None = None
+            for i, name in local:
+                owner, attr = _resolve(self.layers[i], name)
+                param = getattr(owner, attr)
+                if not isinstance(param, nn.Parameter):
+                    raise TypeError(f"tie {tie}: layers[{i}].{name} is not an nn.Parameter")
+                if shared is None:
+                    shared = param
+                else:
+                    setattr(owner, attr, shared)
+            if len(holders) == 1:
+                continue  # all copies on one rank: one shared parameter, reduced as usual
+            ranks = sorted(layout.global_rank(pipeline_rank=r, replica=d)
+                           for r in holders for d in range(layout.replicas))
+            group = dist.new_group(ranks)
+            if shared is not None:
+                first_stage = min(layout.stage_of_layer(i) for i, _ in local)
+                tied.append(TiedParameter(
+                    shared,
+                    first_stage,
+                    group,
+                    counts_in_norm=self.pipeline_rank == holders[0],
+                ))
+        return tied
+
+    def _broadcast_initial_weights(self, ties: list[TiedParameter]) -> None:
+        with torch.no_grad():
+            if self.config.replicas > 1:
+                src = self.layout.global_rank(pipeline_rank=self.pipeline_rank, replica=0)
+                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                    dist.broadcast(tensor, src=src, group=self._groups["dp"])
+            for tie in ties:
+                src = min(dist.get_process_group_ranks(tie.group))
+                dist.broadcast(tie.param, src=src, group=tie.group)
+
+    def _stage_params(self) -> dict[int, list[nn.Parameter]]:
+        seen: set[int] = set()
+        params: dict[int, list[nn.Parameter]] = {}
+        for j in sorted(self.local_stages):
+            own = []
+            for i in self.layout.layer_ranges[j]:
+                for p in self.layers[i].parameters():
+                    if p.requires_grad and id(p) not in seen:
+                        seen.add(id(p))
+                        own.append(p)
+            params[j] = own
+        return params
+
+    def _channels(self) -> tuple[list[Channel], list[Channel]]:
+        placement = self.layout.stage_to_rank
+        last = len(placement) - 1
+        inbound: list[Channel] = []
+        outbound: list[Channel] = []
+        for j in self.local_stages:
+            if j > 0 and placement[j - 1] != self.pipeline_rank:
+                inbound.append(Channel(ACTIVATION, j - 1, j))
+                outbound.append(Channel(GRADIENT, j, j - 1))
+            if j < last and placement[j + 1] != self.pipeline_rank:
+                outbound.append(Channel(ACTIVATION, j, j + 1))
+                inbound.append(Channel(GRADIENT, j + 1, j))
+        return inbound, outbound
+
+    def _start_monitor(self) -> PeerMonitor | None:
+        if self.context is None:
+            return None
+        run = uuid.UUID(int=0) if self.config.world_size == 1 else None
+        namespace = str(run) if run is not None else self._shared_namespace()
+        monitor = PeerMonitor(
+            self.context.store,
+            rank=self.rank,
+            world_size=dist.get_world_size(),
+            namespace=namespace,
+            dead_after=self.config.heartbeat_timeout,
+            store_host_rank=self.context.store_host_rank,
+        )
+        monitor.start()
+        return monitor
+
+    def _shared_namespace(self) -> str:
+        token = [uuid.uuid4().hex if self.rank == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return str(token[0])
+
+    # -- running ------------------------------------------------------------------------
+    def _shard(self, value: Any) -> Any:
+        if self.config.replicas == 1:
+            return value
+        shards = split_batch(value, self.config.replicas)
+        if len(shards) <= self.replica:
+            raise ValueError(
+                f"a batch of {batch_size(value)} samples cannot feed {self.config.replicas} "
+                "replicas; fix: use a batch of at least one sample per replica"
+            )
+        return shards[self.replica]
+
+    def _run(self, actions: Sequence[Action], io: StepIO) -> None:
+        self.last_timeline = []
+        self.last_step_start = time.time()
+        origin = time.perf_counter()
+        try:
+            self.executor.run(actions, io, record=self.last_timeline, origin=origin)
+        except BaseException as error:
+            if self._monitor is not None:
+                self._monitor.report_error(error)
+            self.executor.reset()
+            raise
+
+    def _mean_loss(self, io: StepIO) -> float:
+        local = torch.zeros((), dtype=torch.float64)
+        for loss in io.losses.values():
+            local += loss.double().cpu()
+        if dist.get_world_size() > 1:
+            dist.all_reduce(local)
+        return float(local)
+
+    def _microbatches(self, inputs: Any, targets: Any) -> tuple[list[Any], list[Any], list[float]]:
+        total = batch_size(inputs)
+        batches = split_batch(self._shard(inputs), self.config.num_microbatches)
+        labels = split_batch(self._shard(targets), self.config.num_microbatches)
+        if len(labels) != len(batches):
+            raise ValueError(
+                f"inputs and targets split into {len(batches)} and {len(labels)} micro-batches: "
+                "they must have the same batch size"
+            )
+        scales = [batch_size(b) / total for b in batches]
+        return batches, labels, scales
+
+    def train_step(self, inputs: Any, targets: Any) -> float:
+        """One training step on a batch; returns its mean loss (the same on every rank).
+
+        Every rank passes the same global batch (tensors of equal dim 0; nested values
+        allowed); each replica takes its share, split into micro-batches.
+        """
+        batches, labels, scales = self._microbatches(inputs, targets)
+        schedule = self._schedule(self.schedule_name, len(batches))
+        holds_first = 0 in self.local_stages
+        holds_last = self.layout.stage_to_rank.__len__() - 1 in self.local_stages
+        io = StepIO(
+            inputs=batches if holds_first else None,
+            targets=labels if holds_last else None,
+            loss_scales=scales,
+            checkpoint_stop=checkpoint_stop(self.config.checkpoint, len(batches)),
+        )
+        self._rng.step_seed = mix_seed(self.config.seed, self.step)
+        self.optimizers.begin_step()
+        for module in self.layers.values():
+            module.train()
+        self._run(schedule.actions[self.pipeline_rank], io)
+        self.step += 1
+        return self._mean_loss(io)
+
+    def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
+        """Forward only. With ``targets``: the mean loss (every rank). Without: the model's
+        output, on the last stage's ranks (every rank if ``broadcast``; else ``None``
+        elsewhere)."""
+        if targets is not None:
+            batches, labels, scales = self._microbatches(inputs, targets)
+        else:
+            batches = split_batch(self._shard(inputs), self.config.num_microbatches)
+            labels, scales = [None] * len(batches), [1.0] * len(batches)
+        schedule = self._schedule("forward", len(batches))
+        last = self.layout.stage_to_rank.__len__() - 1
+        holds_last = last in self.local_stages
+        io = StepIO(
+            inputs=batches if 0 in self.local_stages else None,
+            targets=labels if holds_last and targets is not None else None,
+            loss_scales=scales,
+        )
+        for module in self.layers.values():
+            module.eval()
+        with torch.no_grad():
+            self._run(schedule.actions[self.pipeline_rank], io)
+        if targets is not None:
+            return self._mean_loss(io)
+        output = merge_batches([io.outputs[i] for i in range(len(batches))]) if holds_last else None
+        if broadcast:
+            box = [output]
+            src = self.layout.global_rank(pipeline_rank=self.layout.stage_to_rank[last], replica=0)
+            dist.broadcast_object_list(box, src=src)
+            output = box[0]
+        return output
+
+    def close(self) -> None:
+        """Stop the monitor and the transport's threads (the process group stays)."""
+        self.transport.close()
+        if self._monitor is not None:
+            self._monitor.stop()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the last step (when clipping is on)."""
+        return self.optimizers.last_grad_norm
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters (shared copies once)."""
+        return list(self.model.parameters())
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        """This rank's parameters by global name (``layers.5.weight``)."""
+        return dict(self.model.named_parameters(remove_duplicate=False))
+
