@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import PrefixStore, Store, TCPStore
+from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+from torch.distributed.distributed_c10d import Store
 
 __all__ = ["DistContext", "init_distributed"]
 
