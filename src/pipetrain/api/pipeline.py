@@ -426,6 +426,19 @@ class Pipeline:
             output = box[0]
         return output
 
+    def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
+        """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint
+        (every rank calls it); see :mod:`pipetrain.api.checkpointing`."""
+        from pipetrain.api.checkpointing import save_pipeline
+
+        save_pipeline(self, path, extra=extra)
+
+    def load(self, path: str) -> dict[str, Any] | None:
+        """Load a checkpoint taken with any number of stages; returns its ``extra``."""
+        from pipetrain.api.checkpointing import load_pipeline
+
+        return load_pipeline(self, path)
+
     def close(self) -> None:
         """Stop the monitor and the transport's threads (the process group stays)."""
         self.transport.close()
