@@ -55,3 +55,21 @@ def test_empty_timeline(tmp_path: Path) -> None:
     path = tmp_path / "empty.png"
     render_timeline([], path)
     assert path.stat().st_size > 0
+
+
+def test_receive_waits_are_drawn_only_when_asked(tmp_path: Path) -> None:
+    timeline = [
+        TimedAction(0, parse_action("0F0"), 0.0, 1.0),
+        TimedAction(0, parse_action("0SF0"), 1.0, 1.0),
+        TimedAction(1, parse_action("1RF0"), 0.0, 1.5),
+        TimedAction(1, parse_action("1F0"), 1.5, 2.5),
+        TimedAction(1, parse_action("1RF1"), 2.5, 2.5),  # no wait: nothing to draw
+    ]
+    plain, waits = tmp_path / "plain.png", tmp_path / "waits.png"
+    render_timeline(timeline, plain, time_unit="ms")
+    render_timeline(timeline, waits, time_unit="ms", waits=True)
+    assert _png_size(plain) == _png_size(waits)
+    assert plain.read_bytes() != waits.read_bytes()
+    again = tmp_path / "again.png"
+    render_timeline(timeline, again, time_unit="ms")
+    assert again.read_bytes() == plain.read_bytes()  # so the difference is the waits

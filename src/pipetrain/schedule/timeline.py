@@ -10,7 +10,7 @@ from pipetrain.schedule.actions import Op
 from pipetrain.schedule.execution import TimedAction
 from pipetrain.schedule.grid import action_label
 
-__all__ = ["OP_COLORS", "render_timeline"]
+__all__ = ["OP_COLORS", "WAIT_COLOR", "render_timeline"]
 
 OP_COLORS = {
     Op.FORWARD: "#4878d0",
@@ -20,7 +20,10 @@ OP_COLORS = {
     Op.REDUCE_GRAD: "#8c613c",
     Op.OPTIMIZER_STEP: "#d62728",
 }
-"""Box colour of each op drawn (communication is not drawn)."""
+"""Box colour of each op drawn (sends are not drawn; receives only as waits)."""
+WAIT_COLOR = "#7f7f7f"
+"""Hatch colour of the time a rank waited in a receive (``waits=True``)."""
+_RECEIVES = (Op.RECV_FORWARD, Op.RECV_BACKWARD)
 
 _NAMES = {
     Op.FORWARD: "F forward",
@@ -40,14 +43,17 @@ def render_timeline(
     *,
     title: str | None = None,
     time_unit: str = "",
+    waits: bool = False,
 ) -> None:
     """Draw a timeline (simulated, or measured with any float times) to a PNG file.
 
     One row per rank (rank 0 on top); a box per compute action, ``REDUCE`` (a thin bar
     along the bottom of the row, as it runs in the background) and ``STEP``, coloured
     by op and labelled like the text grid (``F3``, or ``2F3`` with several stages per
-    rank) where the label fits, else with the micro-batch alone. Sends and receives are
-    not drawn. Time starts at the earliest action.
+    rank) where the label fits, else with the micro-batch alone. Sends are not drawn;
+    receives are drawn only with ``waits=True``, as hatched boxes over the time the rank
+    waited for its message (useful for measured timelines). Time starts at the earliest
+    action drawn.
 
     Example:
         >>> import tempfile, pathlib
@@ -62,12 +68,15 @@ def render_timeline(
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    drawn = [t for t in timeline if t.action.op in OP_COLORS]
+    timeline = tuple(timeline)
+    boxes = [t for t in timeline if t.action.op in OP_COLORS]
+    waited = [t for t in timeline if waits and t.action.op in _RECEIVES and t.end > t.start]
+    drawn = boxes + waited
     num_ranks = max((t.rank + 1 for t in drawn), default=1)
     origin = min((t.start for t in drawn), default=0.0)
     span = max((t.end - origin for t in drawn), default=1.0) or 1.0
     per_rank: dict[int, int] = defaultdict(int)
-    for t in drawn:
+    for t in boxes:
         per_rank[t.rank] += 1
     width = min(max(8.0, 0.3 * max(per_rank.values(), default=0) + 2.0), 60.0)
     height = 1.6 + 0.45 * num_ranks
@@ -79,8 +88,17 @@ def render_timeline(
     axes = figure.add_subplot()
     points_per_unit = (width - _LEFT - _RIGHT) * 72 / span
     with_stage = any(t.action.stage != t.rank for t in drawn if t.action.op.is_compute)
+    for rank in sorted({t.rank for t in waited}):
+        axes.broken_barh(
+            [(t.start - origin, t.end - t.start) for t in waited if t.rank == rank],
+            (rank - 0.4, 0.8),
+            facecolors="white",
+            edgecolor=WAIT_COLOR,
+            hatch="////",
+            linewidth=0.5,
+        )
     bars: dict[Op, list[tuple[int, float, float]]] = defaultdict(list)
-    for t in drawn:
+    for t in boxes:
         start, duration = t.start - origin, t.end - t.start
         bars[t.action.op].append((t.rank, start, duration))
         if not t.action.op.is_compute or t.action.microbatch is None:
@@ -112,11 +130,16 @@ def render_timeline(
     axes.set_ylim(num_ranks - 0.5, -0.5)
     axes.set_yticks(range(num_ranks), [f"rank {r}" for r in range(num_ranks)])
     axes.set_xlabel(f"time ({time_unit})" if time_unit else "time")
+    handles = [Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in OP_COLORS if op in bars]
+    if waited:
+        handles.append(
+            Patch(facecolor="white", edgecolor=WAIT_COLOR, hatch="////", label="RF/RB wait")
+        )
     axes.legend(
-        handles=[Patch(color=OP_COLORS[op], label=_NAMES[op]) for op in OP_COLORS if op in bars],
+        handles=handles,
         loc="lower left",
         bbox_to_anchor=(0, 1.0),
-        ncol=6,
+        ncol=7,
         fontsize=8,
         frameon=False,
     )
