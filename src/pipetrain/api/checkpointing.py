@@ -18,12 +18,13 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 if TYPE_CHECKING:
     from pipetrain.api.pipeline import Pipeline
@@ -64,7 +65,7 @@ def save_pipeline(pipeline: Pipeline, path: str | os.PathLike[str], *, extra: di
     if dist.get_rank() == 0 and os.path.exists(partial):
         shutil.rmtree(partial)
     dist.barrier()
-    dcp.save(_state(pipeline, extra), checkpoint_id=partial)
+    dcp_save(_state(pipeline, extra), checkpoint_id=partial)
     dist.barrier()
     if dist.get_rank() == 0:
         previous = path + ".previous"
@@ -94,7 +95,7 @@ def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str,
             "(DIR/checkpoint)"
         )
     state = _state(pipeline, None)
-    dcp.load(state, checkpoint_id=path)
+    dcp_load(state, checkpoint_id=path)
     pipeline.model.load_state_dict(state["model"])
     optimizers = list(pipeline.optimizers.optimizers.values())
     set_optimizer_state_dict(pipeline.model, optimizers, state["optim"], options=_OPTIONS)

@@ -186,6 +186,10 @@ class Pipeline:
                 f"on {self.config.num_stages} ranks: {error}"
             ) from None
 
+    def schedule(self, num_microbatches: int, *, training: bool = True) -> Schedule:
+        """The validated schedule this pipeline runs for ``num_microbatches`` micro-batches."""
+        return self._schedule(self.schedule_name if training else "forward", num_microbatches)
+
     def _schedule(self, name: str, num_microbatches: int) -> Schedule:
         key = (name, num_microbatches)
         if key not in self._schedules:

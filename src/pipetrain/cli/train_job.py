@@ -28,7 +28,7 @@ from pipetrain.cli.train import _pipeline_config
 from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
 from pipetrain.models import GPTConfig, generate, gpt_layer_factories, gpt_loss, gpt_ties
 from pipetrain.runtime.process_group import init_distributed
-from pipetrain.schedule import Costs, TimedAction, simulate
+from pipetrain.schedule import TimedAction, simulate
 from pipetrain.trace import (
     ProgressBar,
     measure_step,
@@ -199,10 +199,8 @@ def _write_run(out: str, args: argparse.Namespace, records: list[dict[str, Any]]
     prediction = None
     if traced:
         last = measure_step(traced[-1], num_ranks=len(memory))
-        costs = last.measured_costs
         try:
-            predicted = simulate(pipe._schedule(pipe.schedule_name, pipe.config.num_microbatches),
-                                 Costs(**costs)).makespan
+            predicted = simulate(pipe.schedule(pipe.config.num_microbatches), last.mean_costs).makespan
             prediction = {"measured_step_s": last.makespan, "simulated_step_s": predicted}
         except (TypeError, ValueError) as error:
             logger.debug("no simulator prediction: %s", error)
@@ -230,7 +228,7 @@ def _write_run(out: str, args: argparse.Namespace, records: list[dict[str, Any]]
                                  title=f"{args.schedule}: measured step {records[-1]['step']} "
                                        f"({args.stages} stages x {args.replicas} replicas, "
                                        f"{args.microbatches} micro-batches)")
-        write_chrome_trace(os.path.join(out, "trace.json"), traced,
+        write_chrome_trace(traced, os.path.join(out, "trace.json"),
                            metadata={"schedule": args.schedule, "stages": args.stages})
     if sample is not None:
         with open(os.path.join(out, "sample.txt"), "w") as f:

@@ -25,7 +25,24 @@ from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Transport, handoff
 from pipetrain.schedule import Action, Op, TimedAction
 
-__all__ = ["RankExecutor", "StepHooks", "StepIO"]
+__all__ = ["RankExecutor", "StepHooks", "StepIO", "describe_value"]
+
+
+def describe_value(value: Any) -> str:
+    """A short description of a nested value's tensors, e.g. ``(3, 32) float32``.
+
+    Example:
+        >>> describe_value({"x": torch.zeros(3, 32), "n": 1})
+        "{'x': (3, 32) float32, 'n': int}"
+    """
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {describe_value(v)}" for k, v in value.items()) + "}"
+    return type(value).__name__
 
 
 class StepHooks(Protocol):
@@ -104,6 +121,7 @@ class RankExecutor:
         self._inbox: dict[tuple[str, int, int], Any] = {}
         self._outbox: dict[tuple[str, int, int], Any] = {}
         self._explicit = True
+        self._last_input = ""
 
     # -- helpers ----------------------------------------------------------------------
     def _local(self, stage: int) -> bool:
@@ -163,11 +181,21 @@ class RankExecutor:
                 self._dispatch(action, io)
             except BaseException as error:
                 if hasattr(error, "add_note"):
-                    error.add_note(f"pipetrain: raised by rank {self.rank} running action {action}")
+                    error.add_note(self._describe_failure(action))
                 raise
             if record is not None:
                 record.append(TimedAction(self.rank, action, start - origin, clock() - origin))
         self.transport.flush()
+
+    def _describe_failure(self, action: Action) -> str:
+        note = f"pipetrain: raised by rank {self.rank} running action {action}"
+        if action.op is Op.FORWARD and action.stage > 0:
+            note += (
+                f" (stage {action.stage} on the output of stage {action.stage - 1}: "
+                f"{self._last_input}); check that stage {action.stage - 1}'s output is "
+                f"what stage {action.stage}'s first layer takes"
+            )
+        return note
 
     def _dispatch(self, action: Action, io: StepIO) -> None:
         op, j, i = action.op, action.stage, action.microbatch
@@ -209,6 +237,7 @@ class RankExecutor:
             message = handoff(io.inputs[i])
         else:
             message = self._receive(ACTIVATION, j, key)
+            self._last_input = describe_value(message)
         last = j == self.num_stages - 1
         target = io.targets[i] if last and io.targets is not None else None
         scale = io.loss_scales[i] if last and io.loss_scales is not None else None

@@ -29,6 +29,14 @@ EXIT_PEER_FAILURE = 75
 """Exit status of a process that the monitor ended because a peer died."""
 
 
+def _short(error: BaseException) -> str:
+    """The useful part of a c10d / gloo error: its first line, without the boilerplate."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    for cut in (". This is typically", " Exception raised from"):
+        text = text.split(cut)[0]
+    return text[:240]
+
+
 class PeerMonitor:
     """Heartbeats through the c10d store, and the root cause of a failure.
 
@@ -107,11 +115,11 @@ class PeerMonitor:
         """
         cause = self._root_cause(wait=2.0)
         if cause is None and peer >= 0 and not self._has_exited(peer):
-            guess = (peer, f"rank {peer} died (its connection closed: {error})")
+            guess = (peer, f"rank {peer} died (its connection closed: {_short(error)})")
             self._record(*guess)
             cause = self._root_cause(wait=0.0) or guess
         if cause is None:
-            cause = (peer, f"communication with rank {peer} failed: {error}")
+            cause = (peer, f"communication with rank {peer} failed: {_short(error)}")
         failure = PeerFailure(self._message(cause[1]), dead_ranks=(cause[0],) if cause[0] >= 0 else ())
         self._fail(failure)
         return failure
@@ -120,7 +128,7 @@ class PeerMonitor:
         """Record that this rank fails with ``error`` (the root cause, unless one is known)."""
         if isinstance(error, PeerFailure):
             return
-        text = f"{type(error).__name__}: {error}".splitlines()[0]
+        text = f"{type(error).__name__}: {_short(error)}"
         self._record(self.rank, f"rank {self.rank} failed with {text}")
 
     def _message(self, cause: str) -> str:
@@ -190,7 +198,7 @@ class PeerMonitor:
             except Exception as error:
                 host = self.store_host_rank
                 who = f"rank {host}, which hosts the job's store," if host is not None else "the job's store"
-                self._fail(PeerFailure(self._message(f"{who} is unreachable ({error})"),
+                self._fail(PeerFailure(self._message(f"{who} is unreachable ({_short(error)})"),
                                        dead_ranks=(host,) if host is not None else ()))
                 return
             now = time.monotonic()

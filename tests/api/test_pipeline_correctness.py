@@ -1,0 +1,87 @@
+"""Multi-process pipelines give the weights of single-process training (gloo, CPU).
+
+For K in {2, 4} stages, every schedule, every checkpoint mode and M in {K, 2K+1}
+micro-batches with an uneven batch, the parameters after 3 optimizer steps equal those
+of plain training of the same model on the same batches. Each test starts one gloo job
+and runs all its configurations in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers.distributed import run_workers
+from helpers.pipeline_jobs import (
+    gpt_job,
+    gpt_reference,
+    masked_job,
+    masked_reference,
+    mlp_job,
+    mlp_reference,
+)
+
+pytestmark = pytest.mark.distributed
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+CHECKPOINTS = ("never", "except_last", "always")
+TOLERANCE = 1e-5
+
+
+def _configs(num_stages: int) -> list[dict[str, Any]]:
+    return [
+        {"schedule": schedule, "num_stages": num_stages, "checkpoint": checkpoint,
+         "num_microbatches": m, "stages_per_rank": 2 if schedule == "interleaved-1f1b" else 1}
+        for schedule in SCHEDULES for checkpoint in CHECKPOINTS
+        for m in (num_stages, 2 * num_stages + 1)
+    ]
+
+
+def _check(results: list[Any], configs: list[dict[str, Any]], reference: Any) -> None:
+    ref_params, ref_losses = reference
+    failures = []
+    for c, config in enumerate(configs):
+        merged: dict[str, Any] = {}
+        for rank_results in results:
+            merged.update(rank_results[c][0])
+        assert set(merged) == set(ref_params), f"{config}: parameters {set(ref_params) ^ set(merged)}"
+        worst = max(float((merged[k] - ref_params[k]).abs().max()) for k in ref_params)
+        losses = results[0][c][1]
+        loss_error = max(abs(a - b) for a, b in zip(losses, ref_losses))
+        if worst > TOLERANCE or loss_error > TOLERANCE:
+            failures.append(f"{config}: max |param diff| {worst:.2e}, max |loss diff| {loss_error:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_every_schedule_and_checkpoint_mode_matches_single_process(num_stages: int) -> None:
+    configs = _configs(num_stages)
+    batch = 2 * (2 * num_stages + 1) + 1  # uneven micro-batches for both M
+    results = run_workers(mlp_job, num_stages, configs, 3, batch, timeout=300)
+    _check(results, configs, mlp_reference(3, batch))
+
+
+def test_replicas_ties_and_changing_sequence_length_match_single_process() -> None:
+    """D=2 replicas x K=2 stages, tied embeddings across the first and last stage,
+    global gradient clipping, a sequence length that changes every step."""
+    configs = [
+        {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "1f1b"},
+        {"num_stages": 2, "replicas": 2, "num_microbatches": 2, "schedule": "interleaved-1f1b",
+         "stages_per_rank": 2},
+        {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "zb-h1",
+         "checkpoint": "always"},
+        {"num_stages": 4, "num_microbatches": 5, "schedule": "1f1b", "checkpoint": "except_last"},
+        {"num_stages": 4, "num_microbatches": 4, "schedule": "gpipe"},
+    ]
+    results = run_workers(gpt_job, 4, configs, 4, timeout=300)
+    _check(results, configs, gpt_reference(4))
+
+
+def test_stage_boundary_carrying_a_dict_with_an_integer_mask() -> None:
+    configs = [
+        {"num_stages": 2, "num_microbatches": 3, "schedule": s, "checkpoint": c}
+        for s in ("1f1b", "zb-h1") for c in ("never", "always")
+    ]
+    results = run_workers(masked_job, 2, configs, 3, timeout=300)
+    _check(results, configs, masked_reference(3))
