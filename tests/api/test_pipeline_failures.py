@@ -55,7 +55,7 @@ def test_construction_errors_name_the_bad_value() -> None:
 
 
 def test_layout_and_config_errors_need_no_processes() -> None:
-    with pytest.raises(ValueError, match="unknown schedule 'zigzag'.*gpipe, 1f1b"):
+    with pytest.raises(ValueError, match=r"unknown schedule 'zigzag'.*gpipe, 1f1b"):
         PipelineConfig(schedule="zigzag")
     with pytest.raises(ValueError, match="num_microbatches must be a positive integer, got 0"):
         PipelineConfig(num_microbatches=0)
