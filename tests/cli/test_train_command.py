@@ -1,0 +1,92 @@
+"""``pipetrain train`` end to end: the run folder, resume, and loss independent of the layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+SMALL = ["--layers", "2", "--width", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
+         "--microbatches", "4", "--warmup", "2", "--lr", "1e-2", "--sample-bytes", "0"]
+
+
+def _train(*args: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "pipetrain", "train", *SMALL, *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _losses(out: Path) -> list[float]:
+    metrics = json.loads((out / "metrics.json").read_text())
+    return [step["loss"] for step in metrics["steps"]]
+
+
+def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = _train("--steps", "12", "--eval-every", "6", "--sample-bytes", "16", out=out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 12 steps: loss" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    steps = metrics["steps"]
+    assert [s["step"] for s in steps] == list(range(1, 13))
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.5  # from ~5.5 (uniform over bytes)
+    assert "val_loss" in steps[5] and "val_loss" in steps[11]
+    assert all(0.0 <= s["bubble"] < 1.0 and s["tokens_per_s"] > 0 for s in steps)
+    summary = metrics["summary"]
+    assert len(summary["busy_s_per_rank"]) == 2 and len(summary["idle_s_per_rank"]) == 2
+    assert summary["prediction"]["measured_step_s"] > 0 and summary["prediction"]["simulated_step_s"] > 0
+    assert [m["stages"] for m in metrics["memory"]] == [[0], [1]]
+    assert all(m["peak_memory_bytes"] > 10_000_000 for m in metrics["memory"])
+    assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    trace = json.loads((out / "trace.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert {"0F0", "1F0", "1B7", "0B7"} <= names or {"0F0", "1F0", "1B3", "0B3"} <= names
+    assert (out / "checkpoint" / ".metadata").exists()
+    assert len((out / "sample.txt").read_text(encoding="utf-8", errors="replace")) >= 16
+
+    # resuming continues from step 12 to 16, exactly where the data and schedule left off
+    more = _train("--steps", "16", "--resume", str(out), out=tmp_path / "more")
+    assert more.returncode == 0, more.stderr[-3000:]
+    resumed = json.loads((tmp_path / "more" / "metrics.json").read_text())["steps"]
+    assert [s["step"] for s in resumed] == [13, 14, 15, 16]
+
+    # a single process samples from the two-stage checkpoint
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    sample = subprocess.run([sys.executable, "-m", "pipetrain", "sample", str(out), "--bytes", "20"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert sample.returncode == 0, sample.stderr[-2000:]
+    assert sample.stdout.startswith("def ")
+
+
+def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(tmp_path: Path) -> None:
+    layouts = [
+        ["--stages", "1"],
+        ["--stages", "2", "--schedule", "gpipe", "--checkpoint", "always"],
+        ["--stages", "2", "--replicas", "2", "--schedule", "zb-h1", "--checkpoint", "except_last"],
+        ["--stages", "2", "--schedule", "interleaved-1f1b"],
+    ]
+    runs = []
+    for k, layout in enumerate(layouts):
+        out = tmp_path / f"run{k}"
+        done = _train("--steps", "5", "--eval-every", "0", *layout, out=out)
+        assert done.returncode == 0, (layout, done.stderr[-3000:])
+        runs.append(_losses(out))
+    for layout, losses in zip(layouts[1:], runs[1:]):
+        for step, (a, b) in enumerate(zip(runs[0], losses)):
+            assert abs(a - b) <= 1e-4 * abs(a), f"{layout} step {step + 1}: {b} vs {a} with --stages 1"
+
+
+def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> None:
+    done = _train("--stages", "9", "--schedule", "zigzag", "--data", str(tmp_path / "none.txt"),
+                  out=tmp_path / "bad", timeout=60)
+    assert done.returncode == 2
+    assert "more stages than layers: 9 stages for 4 layers" in done.stderr
+    assert "unknown schedule 'zigzag'" in done.stderr
+    assert "none.txt" in done.stderr and "no such file" in done.stderr
+    assert not (tmp_path / "bad").exists()
