@@ -23,6 +23,7 @@ _LAZY_NAMES = {
     "is_recomputing": "pipetrain.checkpoint",
     "Pipeline": "pipetrain.api.pipeline",
     "PipelineConfig": "pipetrain.api.config",
+    "init_distributed": "pipetrain.runtime.process_group",
 }
 # torchgpipe-compatible submodules: ``pipetrain.skip``, ``pipetrain.balance``, ...
 _LAZY_MODULES = ("skip", "balance", "batchnorm", "microbatch", "checkpoint", "schedule")
