@@ -78,6 +78,8 @@ class StageOptimizers:
         self._tied_ids = {id(t.param) for t in self.ties}
         self.clip_grad_norm = clip_grad_norm
         self.last_grad_norm: float | None = None
+        self.scalar_device = torch.device("cpu")
+        """Where scalars for collectives live (the GPU with NCCL)."""
         self._pending: dict[int, _Pending] = {}
         self._stepped = False
 
@@ -119,13 +121,13 @@ class StageOptimizers:
     def _clip(self) -> None:
         tied_elsewhere = {id(t.param) for t in self.ties if not t.counts_in_norm}
         seen: set[int] = set()
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=self.scalar_device)
         for params in self.stage_params.values():
             for p in params:
                 if p.grad is None or id(p) in seen or id(p) in tied_elsewhere:
                     continue
                 seen.add(id(p))
-                total += p.grad.detach().double().pow(2).sum().cpu()
+                total += p.grad.detach().double().pow(2).sum().to(self.scalar_device)
         if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
             dist.all_reduce(total, group=self.pp_group)
         norm = math.sqrt(float(total))

@@ -150,6 +150,11 @@ class Pipeline:
             clip_grad_norm=config.clip_grad_norm,
         )
         self._monitor = self._start_monitor()
+        # point to point always travels over gloo (CPU buffers; see runtime.distributed);
+        # with another default backend (NCCL) the pipeline gets a gloo group of its own
+        p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.optimizers.scalar_device = self._scalar_device
         stage_ranks = self.layout.stage_ranks(replica=self.replica)
         inbound, outbound = self._channels()
         self.transport = DistTransport(
@@ -157,6 +162,7 @@ class Pipeline:
             inbound=inbound,
             outbound=outbound,
             timeout=config.timeout,
+            group=p2p_group,
             check=self._monitor.check if self._monitor is not None else None,
             explain=self._monitor.explain if self._monitor is not None else None,
         )
@@ -356,9 +362,9 @@ class Pipeline:
             raise
 
     def _mean_loss(self, io: StepIO) -> float:
-        local = torch.zeros((), dtype=torch.float64)
+        local = torch.zeros((), dtype=torch.float64, device=self._scalar_device)
         for loss in io.losses.values():
-            local += loss.double().cpu()
+            local += loss.double().to(self._scalar_device)
         if dist.get_world_size() > 1:
             dist.all_reduce(local)
         return float(local)

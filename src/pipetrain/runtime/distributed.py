@@ -1,7 +1,8 @@
 """The torch.distributed transport: stages in other processes, point to point over c10d.
 
-Each message is one buffer made by :mod:`.wire` (metadata and tensors together), sent
-with ``isend``. gloo delivers a message into a receive buffer at least as large as the
+Each message is one CPU buffer made by :mod:`.wire` (metadata and tensors together),
+sent with ``isend`` over a gloo process group (tensors on a GPU are staged through it;
+the receiving stage moves them to its device). gloo delivers a message into a receive buffer at least as large as the
 message, so the receiver posts a buffer of the channel's current *capacity*; a message
 that does not fit is announced by a small ``GROW`` message first, and both ends then use
 the new capacity. Shapes may therefore change from one micro-batch to the next with no
@@ -33,6 +34,7 @@ __all__ = ["DistTransport"]
 
 logger = logging.getLogger(__name__)
 
+_CPU = torch.device("cpu")
 _INITIAL_CAPACITY = 1 << 16
 _MAX_PENDING_SENDS = 64
 
@@ -149,7 +151,7 @@ class DistTransport:
         if self.mailbox.error is not None:
             raise self.mailbox.error
         dst = self.stage_to_rank[channel.dst_stage]
-        buffer = pack(value, microbatch=microbatch)
+        buffer = pack(value, microbatch=microbatch, device=_CPU)
         capacity = self._send_capacity.get(channel)
         if capacity is None:
             raise PipelineError(f"no outbound channel {channel} on this rank")

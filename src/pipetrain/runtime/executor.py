@@ -121,7 +121,7 @@ class RankExecutor:
         self._inbox: dict[tuple[str, int, int], Any] = {}
         self._outbox: dict[tuple[str, int, int], Any] = {}
         self._explicit = True
-        self._last_input = ""
+        self._last_input: Any = None
 
     # -- helpers ----------------------------------------------------------------------
     def _local(self, stage: int) -> bool:
@@ -192,7 +192,7 @@ class RankExecutor:
         if action.op is Op.FORWARD and action.stage > 0:
             note += (
                 f" (stage {action.stage} on the output of stage {action.stage - 1}: "
-                f"{self._last_input}); check that stage {action.stage - 1}'s output is "
+                f"{describe_value(self._last_input)}); check that stage {action.stage - 1}'s output is "
                 f"what stage {action.stage}'s first layer takes"
             )
         return note
@@ -237,7 +237,7 @@ class RankExecutor:
             message = handoff(io.inputs[i])
         else:
             message = self._receive(ACTIVATION, j, key)
-            self._last_input = describe_value(message)
+            self._last_input = message
         last = j == self.num_stages - 1
         target = io.targets[i] if last and io.targets is not None else None
         scale = io.loss_scales[i] if last and io.loss_scales is not None else None
