@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import LayerSource, Layout, StageModule, Tie
@@ -123,6 +124,8 @@ class Pipeline:
         self.layers = self._build_layers(layers)
         self.model = nn.Module()
         self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
+        self.mesh: Any = None
+        """The ``("pp", "dp")`` DeviceMesh of the job."""
         self._groups = self._make_groups()
         ties_here = self._tie(list(ties))
         self._broadcast_initial_weights(ties_here)
@@ -227,20 +230,12 @@ class Pipeline:
         return layers
 
     def _make_groups(self) -> dict[str, Any]:
-        layout = self.layout
-        groups: dict[str, Any] = {"pp": None, "dp": None}
-        # every rank creates every group, in the same order
-        for replica in range(layout.replicas):
-            ranks = [layout.global_rank(pipeline_rank=r, replica=replica) for r in range(layout.num_stages)]
-            group = dist.new_group(ranks) if layout.replicas > 1 else dist.group.WORLD
-            if replica == self.replica:
-                groups["pp"] = group
-        for pipeline_rank in range(layout.num_stages):
-            ranks = [layout.global_rank(pipeline_rank=pipeline_rank, replica=d) for d in range(layout.replicas)]
-            group = dist.new_group(ranks) if layout.replicas > 1 else None
-            if pipeline_rank == self.pipeline_rank:
-                groups["dp"] = group
-        return groups
+        """The pp x dp device mesh: global rank = pipeline rank * replicas + replica."""
+        self.mesh = init_device_mesh(
+            self.device.type, (self.layout.num_stages, self.layout.replicas),
+            mesh_dim_names=("pp", "dp"),
+        )
+        return {"pp": self.mesh.get_group("pp"), "dp": self.mesh.get_group("dp")}
 
     def _tie(self, ties: list[Tie]) -> list[TiedParameter]:
         layout = self.layout
