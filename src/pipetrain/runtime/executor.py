@@ -45,6 +45,9 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
+_NOTE = "pipetrain: raised by rank"
+
+
 class StepHooks(Protocol):
     """What ``REDUCE`` and ``STEP`` actions do; provided by the training API."""
 
@@ -180,7 +183,10 @@ class RankExecutor:
             try:
                 self._dispatch(action, io)
             except BaseException as error:
-                if hasattr(error, "add_note"):
+                # a neighbour's failure re-raised here (the thread transport wakes waiters
+                # with the same object) already names where it was raised
+                notes = getattr(error, "__notes__", ())
+                if hasattr(error, "add_note") and not any(n.startswith(_NOTE) for n in notes):
                     error.add_note(self._describe_failure(action))
                 raise
             if record is not None:
@@ -188,7 +194,7 @@ class RankExecutor:
         self.transport.flush()
 
     def _describe_failure(self, action: Action) -> str:
-        note = f"pipetrain: raised by rank {self.rank} running action {action}"
+        note = f"{_NOTE} {self.rank} running action {action}"
         if action.op is Op.FORWARD and action.stage > 0:
             note += (
                 f" (stage {action.stage} on the output of stage {action.stage - 1}: "
