@@ -9,9 +9,10 @@ gradients of the caller's inputs come back. Parameter gradients accumulate into
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +21,12 @@ import torch
 from pipetrain.microbatch import merge_batches
 from pipetrain.nested import flatten, iter_tensors, unflatten
 from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.rng import SeededRng
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Action, Op, Schedule
 
-__all__ = ["LocalPipeline"]
+__all__ = ["LocalPipeline", "SessionRng"]
 
 _KEY_STRIDE = 1 << 20
 
@@ -37,6 +39,47 @@ def split_phases(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]
     return list(actions), []
 
 
+class SessionRng(SeededRng):
+    """Random streams seeded per forward call: ``(call seed, stage, micro-batch)``.
+
+    Each forward draws its own seed from the caller's generator (so ``torch.manual_seed``
+    before a run reproduces its masks), keyed by the call's key offset: the
+    recomputation of a checkpointed micro-batch, which may run after later forwards
+    (several forwards before one ``backward()``), sees the seed its forward saw.
+
+    Example:
+        >>> rng = SessionRng()
+        >>> rng.open(0)
+        >>> with rng.scope(stage=0, microbatch=1, device=torch.device("cpu")):
+        ...     a = torch.rand(2)
+        >>> rng.open(_KEY_STRIDE)  # a later forward draws another seed
+        >>> with rng.scope(stage=0, microbatch=1, device=torch.device("cpu")):
+        ...     b = torch.rand(2)
+        >>> torch.equal(a, b)
+        True
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seeds: dict[int, int] = {}
+
+    def open(self, key_offset: int) -> None:
+        """Draw the seed of the forward whose keys start at ``key_offset`` (main thread)."""
+        self._seeds[key_offset] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+    def close(self, key_offset: int) -> None:
+        """Forget the seed of a finished forward."""
+        self._seeds.pop(key_offset, None)
+
+    @contextlib.contextmanager
+    def scope(self, *, stage: int, microbatch: int, device: torch.device) -> Iterator[None]:
+        i = microbatch % _KEY_STRIDE
+        seed = self._seeds[microbatch - i]
+        # the base class mixes (step seed, stage, value): the call's seed xor the index
+        with super().scope(stage=stage, microbatch=seed ^ i, device=device):
+            yield
+
+
 @dataclass
 class _Session:
     """The state of one forward whose backward is pending."""
@@ -44,6 +87,9 @@ class _Session:
     io: list[StepIO]
     backward_actions: list[list[Action]]
     output_mask: list[bool] = field(default_factory=list)
+    """per output tensor: whether any micro-batch's piece of it requires grad"""
+    microbatch_masks: list[list[bool]] = field(default_factory=list)
+    """per micro-batch and output tensor: whether that piece requires grad"""
     output_sizes: list[list[int]] = field(default_factory=list)
     input_sizes: list[list[int]] = field(default_factory=list)
     input_shapes: list[torch.Size] = field(default_factory=list)
@@ -58,10 +104,12 @@ class LocalPipeline:
     """Executors of every stage of a single-process pipeline, on persistent workers."""
 
     def __init__(self, executors: Sequence[RankExecutor], workers: StageWorkers,
-                 transport: ThreadTransport) -> None:
+                 transport: ThreadTransport, *, rng: SessionRng | None = None) -> None:
         self.executors = list(executors)
         self.workers = workers
         self.transport = transport
+        self.rng = rng
+        """the random streams of the stochastic stages (None: no stage draws)"""
         self._sessions = itertools.count()
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
@@ -81,8 +129,15 @@ class LocalPipeline:
 
     def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
         """Run a forward-only schedule without autograd; the merged output."""
-        ios = self._ios(len(self.executors), batches, key_offset=self._next_offset(), stop=0)
-        self._run(schedule.actions, ios, grad=False)
+        offset = self._next_offset()
+        ios = self._ios(len(self.executors), batches, key_offset=offset, stop=0)
+        if self.rng is not None:
+            self.rng.open(offset)
+        try:
+            self._run(schedule.actions, ios, grad=False)
+        finally:
+            if self.rng is not None:
+                self.rng.close(offset)
         last = ios[-1]
         return merge_batches([last.outputs[i] for i in range(len(batches))])
 
@@ -90,8 +145,10 @@ class LocalPipeline:
                 input_value: Any) -> Any:
         """Run the forward phase; returns the merged output wired into autograd."""
         phases = [split_phases(acts) for acts in schedule.actions]
-        ios = self._ios(len(self.executors), batches, key_offset=self._next_offset(),
-                        stop=checkpoint_stop)
+        offset = self._next_offset()
+        ios = self._ios(len(self.executors), batches, key_offset=offset, stop=checkpoint_stop)
+        if self.rng is not None:
+            self.rng.open(offset)
         session = _Session(io=ios, backward_actions=[b for _, b in phases])
         session.forward_actions = [f for f, _ in phases]
         session.input_sizes = [
@@ -99,7 +156,7 @@ class LocalPipeline:
         ]
         inputs = [t for t in iter_tensors(input_value) if t.requires_grad]
         session.input_shapes = [t.shape for t in inputs]
-        weakref.finalize(session, _drop, self.executors, ios[0].key_offset)
+        weakref.finalize(session, _drop, self.executors, ios[0].key_offset, self.rng)
         phony = torch.empty(0, requires_grad=True)
         results = _PipelineFunction.apply(self, session, phony, *inputs)  # type: ignore[no-untyped-call]
         leaves = list(session.leaves)
@@ -114,7 +171,10 @@ class LocalPipeline:
         self._run(session.forward_actions, ios, grad=True)
         num_microbatches = len(ios[0].inputs or ())
         outputs = [ios[-1].outputs[i] for i in range(num_microbatches)]
-        session.output_mask = [t.requires_grad for t in iter_tensors(outputs[0])]
+        # a piece may need no gradient in one micro-batch and need one in another (a
+        # checkpointed micro-batch announces its outputs before knowing)
+        session.microbatch_masks = [[t.requires_grad for t in iter_tensors(o)] for o in outputs]
+        session.output_mask = [any(column) for column in zip(*session.microbatch_masks)]
         session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
         leaves, session.structure = flatten(merge_batches(outputs))
         session.tensor_positions = [
@@ -128,19 +188,27 @@ class LocalPipeline:
         if session.done:
             raise RuntimeError(
                 "backward through a GPipe output twice: the pipeline frees each micro-batch's "
-                "graph after its backward (retain_graph=True is not supported)"
+                "graph after its backward, so retain_graph=True is not supported; fix: run "
+                "the forward again before each backward, or add up the losses and call "
+                "backward() once"
             )
         session.done = True
         num_microbatches = len(session.output_sizes)
-        wanted = [g for g, keep in zip(grads, session.output_mask) if keep]
-        sizes = [[s for s, keep in zip(row, session.output_mask) if keep]
-                 for row in session.output_sizes]
-        per_output = [_split(g, [sizes[i][k] for i in range(num_microbatches)])
-                      for k, g in enumerate(wanted)]
+        # pieces of each output, per micro-batch (k: output tensor position)
+        per_output = [
+            _split(g, [session.output_sizes[i][k] for i in range(num_microbatches)])
+            for k, g in enumerate(grads)
+        ]
         ios = session.io
-        ios[-1].output_grads = [[pieces[i] for pieces in per_output]
-                                for i in range(num_microbatches)]
-        self._run(session.backward_actions, ios, grad=True)
+        ios[-1].output_grads = [
+            [pieces[i] for pieces, keep in zip(per_output, session.microbatch_masks[i]) if keep]
+            for i in range(num_microbatches)
+        ]
+        try:
+            self._run(session.backward_actions, ios, grad=True)
+        finally:
+            if self.rng is not None:
+                self.rng.close(ios[0].key_offset)
         first_io = ios[0]
         merged: list[Any] = []
         for k, shape in enumerate(session.input_shapes):
@@ -152,6 +220,7 @@ class LocalPipeline:
         return merged
 
     def _next_offset(self) -> int:
+        """The key offset of a new forward call (its micro-batches' keys start there)."""
         return next(self._sessions) * _KEY_STRIDE
 
     @staticmethod
@@ -173,8 +242,9 @@ def _rows(tensor: torch.Tensor) -> int:
 def _split(grad: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
     if grad is None:
         return [None] * len(sizes)
-    if sizes and sizes[0] == -1:  # a 0-dim output: each micro-batch got the whole gradient
-        return [grad] * len(sizes)
+    if sizes and sizes[0] == -1:
+        # a 0-dim output is the first micro-batch's (merge_batches): so is its gradient
+        return [grad] + [None] * (len(sizes) - 1)
     return list(torch.split(grad, sizes))
 
 
@@ -189,11 +259,13 @@ def _merge_grad(pieces: list[Any], shape: torch.Size, sizes: list[int]) -> torch
     return torch.cat(filled) if len(filled) > 1 else filled[0]
 
 
-def _drop(executors: list[RankExecutor], key_offset: int) -> None:
+def _drop(executors: list[RankExecutor], key_offset: int, rng: SessionRng | None) -> None:
     """A session whose output was freed without backward: free its micro-batches."""
     for executor in executors:
         for stage in executor.stages.values():
             stage.drop(key_offset, key_offset + _KEY_STRIDE)
+    if rng is not None:
+        rng.close(key_offset)
 
 
 class _PipelineFunction(torch.autograd.Function):
