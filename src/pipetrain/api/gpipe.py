@@ -16,14 +16,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from pipetrain.api.local_step import LocalPipeline
+from pipetrain.api.local_step import LocalPipeline, SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
 from pipetrain.runtime.executor import RankExecutor
-from pipetrain.runtime.rng import SeededRng, is_stochastic
+from pipetrain.runtime.rng import is_stochastic
 from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
@@ -39,14 +39,27 @@ class MovingModuleError(TypeError):
     """``GPipe`` places its partitions itself; moving the wrapper is refused."""
 
 
-def _moving_denied(what: str) -> MovingModuleError:
+def _moving_denied(call: str, devices: list[torch.device]) -> MovingModuleError:
+    placed = [str(d) for d in devices]
     return MovingModuleError(
-        f"GPipe.{what} would move every partition to one device, but GPipe places each "
-        "partition on its own device; fix: move or convert the model before wrapping it, "
-        "e.g. GPipe(model.to(device), balance, devices=[...]), or choose the devices with "
-        "GPipe(..., devices=['cuda:0', 'cuda:1']). Converting the dtype "
-        "(gpipe.to(torch.float64), gpipe.double()) is allowed."
+        f"GPipe.{call} would move every partition to one device, but GPipe keeps each "
+        f"partition on its own device (now {placed}); fix: choose the devices when "
+        f"wrapping the model, GPipe(model, balance, devices={placed}) (one per partition, "
+        "e.g. ['cuda:0', 'cuda:1']). Converting the dtype (gpipe.to(torch.float64), "
+        "gpipe.double()) is allowed."
     )
+
+
+def _call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``name(args, key=value)`` as the user wrote it (tensors shown by device)."""
+
+    def show(value: Any) -> str:
+        if torch.is_tensor(value):
+            return f"<tensor on {value.device}>"
+        return repr(value)
+
+    parts = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,16 +173,18 @@ class GPipe(nn.Module):
 
     # -- moving is refused (dtype conversions are fine) ---------------------------------
     def cuda(self, device: Any = None) -> GPipe:
-        raise _moving_denied("cuda()")
+        raise _moving_denied(_call("cuda", () if device is None else (device,), {}),
+                             self.devices)
 
     def cpu(self) -> GPipe:
-        raise _moving_denied("cpu()")
+        raise _moving_denied("cpu()", self.devices)
 
     def to(self, *args: Any, **kwargs: Any) -> GPipe:
-        if "device" in kwargs or "tensor" in kwargs:
-            raise _moving_denied("to(device)")
-        if args and (isinstance(args[0], (torch.device, int, str)) or torch.is_tensor(args[0])):
-            raise _moving_denied("to(device)")
+        moving = "device" in kwargs or "tensor" in kwargs or bool(
+            args and (isinstance(args[0], (torch.device, int, str)) or torch.is_tensor(args[0]))
+        )
+        if moving:
+            raise _moving_denied(_call("to", args, kwargs), self.devices)
         super().to(*args, **kwargs)
         return self
 
@@ -178,7 +193,8 @@ class GPipe(nn.Module):
         if self._local is None:
             transport = ThreadTransport(timeout=self.timeout)
             num = len(self.partitions)
-            rng = SeededRng()
+            stochastic = [is_stochastic(partition) for partition in self.partitions]
+            rng = SessionRng() if any(stochastic) else None
             executors = []
             for j, (partition, device) in enumerate(zip(self.partitions, self.devices)):
                 stage = StageCompute(
@@ -187,7 +203,7 @@ class GPipe(nn.Module):
                     device=device,
                     skips_in=self._layout.incoming(j),
                     skips_out=self._layout.crossing(j),
-                    rng=rng if is_stochastic(partition) else None,
+                    rng=rng if stochastic[j] else None,
                 )
                 executors.append(
                     RankExecutor(rank=j, stage_to_rank=tuple(range(num)), stages={j: stage},
@@ -195,8 +211,7 @@ class GPipe(nn.Module):
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
             weakref.finalize(self, workers.close)
-            self._rng = rng
-            self._local = LocalPipeline(executors, workers, transport)
+            self._local = LocalPipeline(executors, workers, transport, rng=rng)
         return self._local
 
     def forward(self, input: Any) -> Any:
@@ -209,14 +224,15 @@ class GPipe(nn.Module):
             any(p.requires_grad for p in self.parameters())
             or any(t.requires_grad for t in iter_tensors(input))
         )
-        if not needs_grad:
+        if needs_grad:
+            stop = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
+            schedule = _schedule("gpipe", num_stages, num_microbatches)
+            output = pipeline.forward(schedule, batches, checkpoint_stop=stop, input_value=input)
+        else:
             schedule = _schedule("forward", num_stages, num_microbatches)
-            return pipeline.forward_only(schedule, batches)
-        self._rng.new_step()
-        stop = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
-        schedule = _schedule("gpipe", num_stages, num_microbatches)
-        output = pipeline.forward(schedule, batches, checkpoint_stop=stop, input_value=input)
+            output = pipeline.forward_only(schedule, batches)
         if self.training and num_microbatches < self.chunks:
+            # a batch smaller than chunks: deferred batch norms wait for more micro-batches
             for module in self.modules():
                 if isinstance(module, DeferredBatchNorm):
                     module.commit()
