@@ -135,4 +135,5 @@ def test_a_failure_is_noted_once_by_the_stage_that_raised():
                             [1, 1, 1], chunks=2)
     with pytest.raises(KeyError) as info:
         gpipe(torch.randn(4, 2))
-    assert info.value.__notes__ == ["pipetrain: raised by rank 1 running action 1F0"]
+    notes = info.value.__notes__
+    assert len(notes) == 1 and notes[0].startswith("pipetrain: raised by rank 1 running action 1F0")

@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 import pipetrain
+from helpers.gpipe import assert_close
 from pipetrain.batchnorm import DeferredBatchNorm
-
-from .helpers import assert_close
 
 
 def model(momentum: float | None = 0.1) -> nn.Sequential:

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 import pipetrain
-
-from .helpers import assert_close, assert_grads_close, leaf, mlp
+from helpers.gpipe import assert_close, assert_grads_close, leaf, mlp
 
 torchgpipe = pytest.importorskip("torchgpipe")
 

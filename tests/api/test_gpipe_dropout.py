@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 import pipetrain
-
-from .helpers import assert_close
+from helpers.gpipe import assert_close
 
 MODES = ["always", "except_last", "never"]
 

@@ -11,11 +11,10 @@ import torch
 from torch import nn
 
 import pipetrain
+from helpers.gpipe import assert_close, mlp
 from pipetrain.api.gpipe import MovingModuleError
 from pipetrain.partition import BalanceError
 from pipetrain.skip import pop, skippable, stash
-
-from .helpers import assert_close, mlp
 
 
 def three() -> nn.Sequential:

@@ -10,10 +10,9 @@ import torch
 from torch import nn
 
 import pipetrain
+from helpers.gpipe import assert_close, assert_grads_close, leaf
 from pipetrain.models import unet
 from pipetrain.skip import pop, skip_layout, skippable, stash
-
-from .helpers import assert_close, assert_grads_close, leaf
 
 BALANCES = {2: [5, 6], 3: [2, 5, 4], 4: [2, 2, 4, 3]}
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import pipetrain
-
-from .helpers import assert_close, assert_grads_close, leaf, mlp, pipelined
+from helpers.gpipe import assert_close, assert_grads_close, leaf, mlp, pipelined
 
 BALANCES = [[6], [3, 3], [1, 4, 1], [2, 1, 2, 1]]
 MODES = ["always", "except_last", "never"]

@@ -1,4 +1,4 @@
-"""Shared helpers of the GPipe tests: plain-PyTorch references and scaled comparisons."""
+"""Helpers of the GPipe tests: plain-PyTorch references and scaled comparisons."""
 
 from __future__ import annotations
 
