@@ -137,3 +137,16 @@ def test_a_failure_is_noted_once_by_the_stage_that_raised():
         gpipe(torch.randn(4, 2))
     notes = info.value.__notes__
     assert len(notes) == 1 and notes[0].startswith("pipetrain: raised by rank 1 running action 1F0")
+
+
+def test_double_backward_is_refused_instead_of_silently_not_differentiable():
+    """Bug: ``torch.autograd.grad(gpipe(x).sum(), x, create_graph=True)`` returned a
+    gradient that did not require grad, so a gradient penalty built on it silently
+    contributed nothing to training (torchgpipe supports it). Now a clear error."""
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1)),
+                            [2, 1], chunks=2)
+    x = torch.randn(4, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"does not support double backward(.|\n)*fix:"):
+        torch.autograd.grad(gpipe(x).sum(), x, create_graph=True)
+    (grad,) = torch.autograd.grad(gpipe(x).sum(), x)  # the first-order gradient works
+    assert grad.shape == x.shape

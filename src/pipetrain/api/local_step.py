@@ -284,5 +284,13 @@ class _PipelineFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        if torch.is_grad_enabled():  # autograd runs backward in grad mode for create_graph
+            raise RuntimeError(
+                "GPipe does not support double backward: backward(create_graph=True) or "
+                "torch.autograd.grad(..., create_graph=True) through a GPipe output would "
+                "return gradients that are not differentiable; fix: compute the gradient "
+                "penalty (or other higher-order term) on a plain nn.Sequential, or drop "
+                "create_graph=True"
+            )
         input_grads = ctx.pipeline.backward(ctx.session, grads)
         return (None, None, None, *input_grads)
