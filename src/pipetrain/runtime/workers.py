@@ -21,11 +21,15 @@ __all__ = ["StageWorkers"]
 _STOP = object()
 
 
-def _worker_loop(tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int) -> None:
+def _worker_loop(
+    tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event
+) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if num_threads > 0:
+        torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
         torch.set_num_threads(num_threads)
+    ready.set()
     while True:
         item = tasks.get()
         if item is _STOP:
@@ -64,17 +68,26 @@ class StageWorkers:
         self.on_error = on_error
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
+        ready = []
         for j, device in enumerate(devices):
             tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            ready.append(threading.Event())
             thread = threading.Thread(
                 target=_worker_loop,
-                args=(tasks, device, cpu_threads if device.type == "cpu" else 0),
+                args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1]),
                 name=f"pipetrain-stage-{j}",
                 daemon=True,
             )
             thread.start()
             self._queues.append(tasks)
             self._threads.append(thread)
+        if num_cpu:
+            # torch.set_num_threads in a worker also sets the count that every thread
+            # started later begins with (a process-wide default): restore it
+            previous = torch.get_num_threads()
+            for event in ready:
+                event.wait()
+            torch.set_num_threads(previous)
 
     def __len__(self) -> int:
         return len(self._threads)
