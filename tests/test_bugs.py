@@ -150,3 +150,30 @@ def test_double_backward_is_refused_instead_of_silently_not_differentiable():
         torch.autograd.grad(gpipe(x).sum(), x, create_graph=True)
     (grad,) = torch.autograd.grad(gpipe(x).sum(), x)  # the first-order gradient works
     assert grad.shape == x.shape
+
+
+def test_stage_workers_leave_other_threads_intra_op_count_alone():
+    """Bug (runtime/workers.py): each CPU stage worker calls ``torch.set_num_threads`` to
+    take its share of the cores, which also sets the count every thread started later
+    begins with (torch keeps a process-wide default), so after a GPipe step other
+    threads (torchgpipe's workers, a user's thread pool) ran with one intra-op thread.
+    The worker threads keep their share; the default is restored."""
+    import threading
+
+    seen: list[int] = []
+
+    class Count(nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return x
+
+    before = torch.get_num_threads()
+    gpipe = pipetrain.GPipe(nn.Sequential(Count(), Count()), [1, 1])
+    gpipe(torch.randn(2, 2))
+    assert seen == [max(1, before // 2)] * 2  # each stage takes its share
+    in_new_thread: list[int] = []
+    thread = threading.Thread(target=lambda: in_new_thread.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert in_new_thread == [before]
+    assert torch.get_num_threads() == before
