@@ -115,11 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed + 1)
     batch = torch.randn(args.batch, args.width)
 
-    # the three compute the same function of the same weights
+    # the three compute the same function of the same weights; record the intra-op
+    # thread counts their layers run with
+    threads_seen: dict[str, list[int]] = {}
     with torch.no_grad():
         reference = models["plain"](batch)
-        for name in ("pipetrain", "torchgpipe"):
+        for name in NAMES:
+            seen: list[int] = []
+            hooks = [layer.register_forward_hook(lambda *_, seen=seen: seen.append(torch.get_num_threads()))
+                     for layer in models[name].modules() if isinstance(layer, nn.Linear)]
             diff = (models[name](batch) - reference).abs().max().item()
+            for hook in hooks:
+                hook.remove()
+            threads_seen[name] = sorted(set(seen))
             if diff > 1e-4 * max(1.0, reference.abs().max().item()):
                 print(f"{name} output differs from plain by {diff:.3g}", file=sys.stderr)
                 return 1
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             "chunks": args.chunks, "balance": args.balance, "checkpoint": args.checkpoint,
             "repetitions": args.repetitions, "warmup": args.warmup,
             "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "intra_op_threads_in_layers": threads_seen,
             "torch": torch.__version__, "torchgpipe": torchgpipe.__version__,
             "python": platform.python_version(),
         },
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{setting['model']}, batch {args.batch}, balance {args.balance}, chunks "
           f"{args.chunks}, checkpoint {args.checkpoint}; {args.repetitions} repetitions "
           f"after {args.warmup} warm-up, {setting['torch_threads']} torch threads, "
-          f"{setting['cpus']} CPUs")
+          f"{setting['cpus']} CPUs; intra-op threads in the layers: {threads_seen}")
     print(f"{'':<12}{'median ms':>12}{'IQR ms':>18}{'samples/s':>12}")
     for name in NAMES:
         q1, _, q3 = result["quartiles_step_ms"][name]

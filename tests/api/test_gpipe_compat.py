@@ -148,3 +148,22 @@ def test_same_code_same_results_as_torchgpipe(checkpoint):
     initial = (1 - 0.1) ** 2
     assert_close(ours[3].running_var - initial, (theirs[3].running_var - initial) * 12 / 11,
                  what="running_var")
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
+def test_checkpoint_flags_seen_by_a_layer_match_torchgpipe(checkpoint):
+    def flags(package):
+        seen = []
+
+        class Layer(nn.Module):
+            def forward(self, x):
+                seen.append((package.is_checkpointing(), package.is_recomputing()))
+                return x * 2
+
+        model = nn.Sequential(nn.Linear(3, 3), Layer(), nn.Linear(3, 3))
+        gpipe = package.GPipe(model, [1, 2], devices=["cpu", "cpu"], chunks=4,
+                              checkpoint=checkpoint)
+        gpipe(torch.randn(8, 3)).sum().backward()
+        return sorted(seen)
+
+    assert flags(pipetrain) == flags(torchgpipe)
