@@ -177,3 +177,30 @@ def test_stage_workers_leave_other_threads_intra_op_count_alone():
     thread.join()
     assert in_new_thread == [before]
     assert torch.get_num_threads() == before
+
+
+class FunctionalDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rate = 0.5
+
+    def forward(self, x):
+        return nn.functional.dropout(x, self.rate, self.training)
+
+
+def test_random_layer_of_an_unknown_type_recomputes_the_same_masks():
+    """Bug: only stages holding known random layers (nn.Dropout, ..., a ``dropout``
+    attribute) were seeded; a stage calling ``F.dropout`` (or ``torch.rand``) in a custom
+    layer drew from the shared generator, and its recomputation drew other masks:
+    checkpoint='always' gave other gradients than 'never' (torchgpipe gets them equal).
+    Now every stage is seeded until it was seen drawing nothing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), FunctionalDropout(), nn.Linear(16, 4))
+    grads = {}
+    for mode in ("always", "never"):
+        gpipe = pipetrain.GPipe(copy.deepcopy(model), [2, 1], chunks=2, checkpoint=mode)
+        torch.manual_seed(1)
+        gpipe(torch.randn(4, 4)).sum().backward()
+        grads[mode] = [p.grad for p in gpipe.parameters()]
+    for a, b in zip(grads["always"], grads["never"]):
+        assert torch.equal(a, b)

@@ -132,3 +132,60 @@ def test_several_forwards_before_one_backward_with_dropout(mode):
     # equal up to the order in which the two backward passes accumulate
     for a, b in zip(grads, gpipe.parameters()):
         assert_close(a, b.grad)
+
+
+class FunctionalDropout(nn.Module):
+    """A random layer of no known type: ``F.dropout`` with its own rate attribute."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x):
+        return nn.functional.dropout(x, self.rate, self.training)
+
+
+class Noise(nn.Module):
+    """Adds Gaussian noise in training: draws with torch.randn_like."""
+
+    def forward(self, x):
+        return x + torch.randn_like(x) if self.training else x
+
+
+@pytest.mark.parametrize("layer", [FunctionalDropout(0.5), Noise()], ids=["F.dropout", "noise"])
+def test_random_layers_of_unknown_types_are_recomputed_exactly(layer):
+    torch.manual_seed(0)
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(6, 8), layer, nn.Linear(8, 3)), [2, 1],
+                            chunks=3)
+    x = torch.randn(6, 6)
+    for step in range(3):  # during and after the first calls, when stages are watched
+        results = {}
+        for mode in ("always", "never"):
+            gpipe.checkpoint = mode
+            results[mode] = train_pass(gpipe, x, seed=step)
+        for a, b in zip(results["always"][2], results["never"][2]):
+            assert torch.equal(a, b), step
+    another = train_pass(gpipe, x, seed=99)
+    assert not torch.equal(another[0], results["never"][0])  # the layer is random
+
+
+def test_a_deterministic_model_leaves_the_caller_generator_alone():
+    torch.manual_seed(0)
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)),
+                            [2, 1], chunks=2)
+    x = torch.randn(4, 4)
+    for _ in range(3):  # the watched calls and the free ones
+        state = torch.get_rng_state()
+        gpipe(x).sum().backward()
+        with torch.no_grad():
+            gpipe(x)
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_random_model_moves_the_caller_generator_on():
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(4, 4), FunctionalDropout(0.5)), [1, 1],
+                            chunks=2)
+    for _ in range(3):
+        state = torch.get_rng_state()
+        gpipe(torch.ones(4, 4)).sum().backward()
+        assert not torch.equal(torch.get_rng_state(), state)

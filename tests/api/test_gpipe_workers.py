@@ -73,11 +73,16 @@ class Rendezvous(nn.Module):
 @pytest.mark.parametrize("grad", [True, False])
 def test_partitions_on_the_same_cpu_run_concurrently(grad):
     barrier = threading.Barrier(2, timeout=20)
-    # stage 1 runs micro-batch 0 while stage 0 runs micro-batch 1: both wait together
-    first = Rendezvous(barrier, {2})
-    second = Rendezvous(barrier, {1})
+    first, second = Rendezvous(barrier, set()), Rendezvous(barrier, set())
     gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(3, 3), first, second), [2, 1],
                             devices=["cpu", "cpu"], chunks=3, checkpoint="never")
+    # GPipe watches the stages' random draws during their first two training calls
+    # (and serializes them meanwhile); these draw nothing and then run freely
+    for _ in range(2):
+        gpipe(torch.randn(6, 3)).sum().backward()
+    # stage 1 runs micro-batch 0 while stage 0 runs micro-batch 1: both wait together
+    first.count = second.count = 0
+    first.calls, second.calls = {2}, {1}
     with torch.set_grad_enabled(grad):
         out = gpipe(torch.randn(6, 3))
     assert first.met == 1 and second.met == 1

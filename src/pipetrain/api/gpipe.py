@@ -16,14 +16,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from pipetrain.api.local_step import LocalPipeline, SessionRng
+from pipetrain.api.local_step import LocalPipeline
+from pipetrain.api.random_streams import SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
 from pipetrain.runtime.executor import RankExecutor
-from pipetrain.runtime.rng import is_stochastic
 from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
@@ -102,6 +102,14 @@ class GPipe(nn.Module):
         checkpoint: ``'always'``, ``'except_last'`` or ``'never'``: which micro-batches
             are re-materialized in backward.
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
+        timeout: seconds a stage waits for its neighbour before giving up.
+
+    Random layers (dropout, or any layer drawing from torch's generators) draw from
+    streams seeded per (forward call, partition, micro-batch), so a recomputation repeats
+    the masks exactly and ``torch.manual_seed`` reproduces a run. A partition's random
+    draws are watched during its first two training-mode calls (which run one partition
+    at a time); partitions that drew nothing then run concurrently, without seeding.
+    See :mod:`pipetrain.api.random_streams`.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -193,8 +201,7 @@ class GPipe(nn.Module):
         if self._local is None:
             transport = ThreadTransport(timeout=self.timeout)
             num = len(self.partitions)
-            stochastic = [is_stochastic(partition) for partition in self.partitions]
-            rng = SessionRng() if any(stochastic) else None
+            rng = SessionRng(list(self.partitions))
             executors = []
             for j, (partition, device) in enumerate(zip(self.partitions, self.devices)):
                 stage = StageCompute(
@@ -203,7 +210,7 @@ class GPipe(nn.Module):
                     device=device,
                     skips_in=self._layout.incoming(j),
                     skips_out=self._layout.crossing(j),
-                    rng=rng if stochastic[j] else None,
+                    rng=rng,
                 )
                 executors.append(
                     RankExecutor(rank=j, stage_to_rank=tuple(range(num)), stages={j: stage},

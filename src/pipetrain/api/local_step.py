@@ -9,27 +9,23 @@ gradients of the caller's inputs come back. Parameter gradients accumulate into
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from pipetrain.api.random_streams import KEY_STRIDE, SessionRng
 from pipetrain.microbatch import merge_batches
 from pipetrain.nested import flatten, iter_tensors, unflatten
 from pipetrain.runtime.executor import RankExecutor, StepIO
-from pipetrain.runtime.rng import SeededRng
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Action, Op, Schedule
 
-__all__ = ["LocalPipeline", "SessionRng"]
-
-_KEY_STRIDE = 1 << 20
-
+__all__ = ["LocalPipeline"]
 
 def split_phases(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
     """A fill-drain action list cut before its first backward action."""
@@ -37,47 +33,6 @@ def split_phases(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]
         if action.op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.RECV_BACKWARD):
             return list(actions[:index]), list(actions[index:])
     return list(actions), []
-
-
-class SessionRng(SeededRng):
-    """Random streams seeded per forward call: ``(call seed, stage, micro-batch)``.
-
-    Each forward draws its own seed from the caller's generator (so ``torch.manual_seed``
-    before a run reproduces its masks), keyed by the call's key offset: the
-    recomputation of a checkpointed micro-batch, which may run after later forwards
-    (several forwards before one ``backward()``), sees the seed its forward saw.
-
-    Example:
-        >>> rng = SessionRng()
-        >>> rng.open(0)
-        >>> with rng.scope(stage=0, microbatch=1, device=torch.device("cpu")):
-        ...     a = torch.rand(2)
-        >>> rng.open(_KEY_STRIDE)  # a later forward draws another seed
-        >>> with rng.scope(stage=0, microbatch=1, device=torch.device("cpu")):
-        ...     b = torch.rand(2)
-        >>> torch.equal(a, b)
-        True
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seeds: dict[int, int] = {}
-
-    def open(self, key_offset: int) -> None:
-        """Draw the seed of the forward whose keys start at ``key_offset`` (main thread)."""
-        self._seeds[key_offset] = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-
-    def close(self, key_offset: int) -> None:
-        """Forget the seed of a finished forward."""
-        self._seeds.pop(key_offset, None)
-
-    @contextlib.contextmanager
-    def scope(self, *, stage: int, microbatch: int, device: torch.device) -> Iterator[None]:
-        i = microbatch % _KEY_STRIDE
-        seed = self._seeds[microbatch - i]
-        # the base class mixes (step seed, stage, value): the call's seed xor the index
-        with super().scope(stage=stage, microbatch=seed ^ i, device=device):
-            yield
 
 
 @dataclass
@@ -137,6 +92,7 @@ class LocalPipeline:
             self._run(schedule.actions, ios, grad=False)
         finally:
             if self.rng is not None:
+                self.rng.forward_done(offset)
                 self.rng.close(offset)
         last = ios[-1]
         return merge_batches([last.outputs[i] for i in range(len(batches))])
@@ -168,7 +124,11 @@ class LocalPipeline:
     def run_forward(self, session: _Session) -> tuple[torch.Tensor, ...]:
         """The forward phase (inside the autograd function): the merged output tensors."""
         ios = session.io
-        self._run(session.forward_actions, ios, grad=True)
+        try:
+            self._run(session.forward_actions, ios, grad=True)
+        finally:
+            if self.rng is not None:
+                self.rng.forward_done(ios[0].key_offset)
         num_microbatches = len(ios[0].inputs or ())
         outputs = [ios[-1].outputs[i] for i in range(num_microbatches)]
         # a piece may need no gradient in one micro-batch and need one in another (a
@@ -221,7 +181,7 @@ class LocalPipeline:
 
     def _next_offset(self) -> int:
         """The key offset of a new forward call (its micro-batches' keys start there)."""
-        return next(self._sessions) * _KEY_STRIDE
+        return next(self._sessions) * KEY_STRIDE
 
     @staticmethod
     def _ios(num: int, batches: list[Any], *, key_offset: int, stop: int) -> list[StepIO]:
@@ -263,7 +223,7 @@ def _drop(executors: list[RankExecutor], key_offset: int, rng: SessionRng | None
     """A session whose output was freed without backward: free its micro-batches."""
     for executor in executors:
         for stage in executor.stages.values():
-            stage.drop(key_offset, key_offset + _KEY_STRIDE)
+            stage.drop(key_offset, key_offset + KEY_STRIDE)
     if rng is not None:
         rng.close(key_offset)
 
