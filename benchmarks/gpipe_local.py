@@ -12,10 +12,16 @@ of the SAME model (identical initial weights) on the SAME batch, three ways:
 
 The default model is ``depth`` x [Linear(width, width) + ReLU] (each pair one child),
 batch 256, balance [4, 4], 4 chunks, checkpoint ``except_last``. After a warm-up, the
-repetitions are interleaved round-robin across the three (the starting one rotates),
-so that a slow period of a shared machine hits all three alike; medians are reported,
-with throughput (samples/s) and the ratios pipetrain / torchgpipe and pipetrain / plain
-(of throughput: above 1 means pipetrain is faster).
+timed steps are interleaved round-robin across the three (the starting one rotates)
+in blocks of ``--block`` consecutive steps, each block after one untimed step, so that
+a slow period of a shared machine hits all three alike while each is timed as in its
+own training loop. (Timing single steps in turn would not: after a parallel region,
+torch's OpenMP threads keep spinning for milliseconds under GNU OpenMP's default wait
+policy, so every step would start with the previous implementation's threads burning
+a core; and a pause in between lets the CPUs idle, which costs a thread hand-off a
+wake-up.) Medians are reported, with throughput (samples/s) and the ratios
+pipetrain / torchgpipe and pipetrain / plain (of throughput: above 1 means pipetrain
+is faster).
 
 Run (from the repository root):
 
@@ -77,6 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repetitions", type=int, default=30,
                         help="timed steps of each of the three")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps of each first")
+    parser.add_argument("--block", type=int, default=5,
+                        help="consecutive timed steps of one implementation per turn")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
@@ -137,12 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in NAMES:
             steps[name]()
     times: dict[str, list[float]] = {name: [] for name in NAMES}
-    for r in range(args.repetitions):
+    num_rounds = -(-args.repetitions // args.block)
+    for r in range(num_rounds):
         for k in range(len(NAMES)):
             name = NAMES[(r + k) % len(NAMES)]
-            start = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - start)
+            steps[name]()  # untimed: the previous implementation's threads settle
+            for _ in range(min(args.block, args.repetitions - r * args.block)):
+                start = time.perf_counter()
+                steps[name]()
+                times[name].append(time.perf_counter() - start)
 
     medians = {name: statistics.median(times[name]) for name in NAMES}
     quartiles = {name: statistics.quantiles(times[name], n=4) if len(times[name]) > 1
@@ -154,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "width": args.width, "depth": args.depth, "batch": args.batch,
             "chunks": args.chunks, "balance": args.balance, "checkpoint": args.checkpoint,
             "repetitions": args.repetitions, "warmup": args.warmup,
+            "block": args.block,
             "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
             "intra_op_threads_in_layers": threads_seen,
             "torch": torch.__version__, "torchgpipe": torchgpipe.__version__,
@@ -171,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     setting = result["setting"]
     print(f"{setting['model']}, batch {args.batch}, balance {args.balance}, chunks "
           f"{args.chunks}, checkpoint {args.checkpoint}; {args.repetitions} repetitions "
-          f"after {args.warmup} warm-up, {setting['torch_threads']} torch threads, "
+          f"after {args.warmup} warm-up, in blocks of {args.block}, "
+          f"{setting['torch_threads']} torch threads, "
           f"{setting['cpus']} CPUs; intra-op threads in the layers: {threads_seen}")
     print(f"{'':<12}{'median ms':>12}{'IQR ms':>18}{'samples/s':>12}")
     for name in NAMES:
