@@ -27,6 +27,7 @@ from pipetrain.schedule import Action, Op, Schedule
 
 __all__ = ["LocalPipeline"]
 
+
 def split_phases(actions: Sequence[Action]) -> tuple[list[Action], list[Action]]:
     """A fill-drain action list cut before its first backward action."""
     for index, action in enumerate(actions):
@@ -64,7 +65,7 @@ class LocalPipeline:
         self.workers = workers
         self.transport = transport
         self.rng = rng
-        """the random streams of the stochastic stages (None: no stage draws)"""
+        """the stages' random streams (None: stages draw from torch's generators as is)"""
         self._sessions = itertools.count()
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
