@@ -189,3 +189,20 @@ def test_a_random_model_moves_the_caller_generator_on():
         state = torch.get_rng_state()
         gpipe(torch.ones(4, 4)).sum().backward()
         assert not torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_dropout_switched_on_after_the_watched_calls_is_seeded():
+    torch.manual_seed(0)
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.0), nn.Linear(8, 3)),
+                            [2, 1], chunks=3)
+    x = torch.randn(6, 6)
+    for step in range(3):  # p = 0 draws nothing: the stage is watched, then runs freely
+        train_pass(gpipe, x, seed=step)
+    gpipe[1].p = 0.5
+    results = {}
+    for mode in ("always", "never"):
+        gpipe.checkpoint = mode
+        results[mode] = train_pass(gpipe, x, seed=7)
+    assert not results["never"][0].eq(train_pass(gpipe, x, seed=8)[0]).all()
+    for a, b in zip(results["always"][2], results["never"][2]):
+        assert torch.equal(a, b)

@@ -101,6 +101,9 @@ class SessionRng(SeededRng):
     def open(self, key_offset: int) -> None:
         """Take the seed of the forward call whose keys start at ``key_offset`` from the
         caller's generator's state, without moving it on (main thread)."""
+        for j in [j for j in self.quiet if is_stochastic(self.modules[j])]:
+            self.quiet.discard(j)  # e.g. a dropout rate raised from 0 since
+            self.random.add(j)
         if self.needed:
             self._seeds[key_offset] = _peek_seed()
 
