@@ -81,7 +81,10 @@ class StepIO:
     input_grads: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
     """Filled: gradients of the first stage's inputs that require grad, per micro-batch."""
     checkpoint_stop: int = 0
-    """Micro-batches ``i < checkpoint_stop`` are re-materialized in backward."""
+    """Micro-batches ``checkpoint_start <= i < checkpoint_stop`` are re-materialized in
+    backward."""
+    checkpoint_start: int = 0
+    """See :attr:`checkpoint_stop`."""
     key_offset: int = 0
     """Added to micro-batch indices in the stages and on the wire, so that several runs
     whose backward is still pending (several forwards before one ``backward()``) do not
@@ -248,7 +251,8 @@ class RankExecutor:
         target = io.targets[i] if last and io.targets is not None else None
         scale = io.loss_scales[i] if last and io.loss_scales is not None else None
         output, loss = stage.forward(
-            key, message, checkpointed=i < io.checkpoint_stop, target=target, loss_scale=scale
+            key, message, checkpointed=io.checkpoint_start <= i < io.checkpoint_stop,
+            target=target, loss_scale=scale,
         )
         if last:
             if loss is not None:
