@@ -204,3 +204,31 @@ def test_random_layer_of_an_unknown_type_recomputes_the_same_masks():
         grads[mode] = [p.grad for p in gpipe.parameters()]
     for a, b in zip(grads["always"], grads["never"]):
         assert torch.equal(a, b)
+
+
+def test_except_last_holds_one_microbatch_of_activations_per_partition():
+    """Bug: checkpoint='except_last' left the last micro-batch un-checkpointed, but the
+    fill-drain schedule runs the backward in forward order (B0 first), so that
+    micro-batch's activations stayed alive while micro-batch 0 was recomputed: two
+    micro-batches of activations per partition at the peak, where torchgpipe (backward
+    last micro-batch first) holds one. Now the micro-batch backwarded first is the one
+    left out (StepIO.checkpoint_start)."""
+    import threading
+
+    alive = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+
+    class Held(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            if torch.is_grad_enabled():
+                with lock:
+                    alive["now"] += 1
+                    alive["peak"] = max(alive["peak"], alive["now"])
+                y.register_hook(lambda g: alive.__setitem__("now", alive["now"] - 1))
+            return y
+
+    gpipe = pipetrain.GPipe(nn.Sequential(nn.Linear(3, 3), Held()), [1, 1], chunks=4,
+                            checkpoint="except_last")
+    gpipe(torch.randn(8, 3)).sum().backward()
+    assert alive == {"now": 0, "peak": 1}

@@ -70,10 +70,11 @@ class FlagRecorder(nn.Module):
 @pytest.mark.parametrize(
     ("checkpoint", "expected"),
     [
-        # micro-batches 0..2: checkpointed forward (True, False); then the forward of the
-        # last, then the recomputations (False, True)
+        # forwards in micro-batch order (checkpointed: (True, False)), then the
+        # recomputations (False, True); 'except_last' leaves out the micro-batch whose
+        # backward runs first, micro-batch 0 in GPipe's fill-drain order
         ("always", [(True, False)] * 3 + [(False, True)] * 3),
-        ("except_last", [(True, False)] * 2 + [(False, False)] + [(False, True)] * 2),
+        ("except_last", [(False, False)] + [(True, False)] * 2 + [(False, True)] * 2),
         ("never", [(False, False)] * 3),
     ],
 )
@@ -167,3 +168,40 @@ def test_checkpoint_flags_seen_by_a_layer_match_torchgpipe(checkpoint):
         return sorted(seen)
 
     assert flags(pipetrain) == flags(torchgpipe)
+
+
+class Graphs(nn.Module):
+    """Counts the micro-batches whose activations (autograd graph) it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.alive = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def forward(self, x):
+        y = self.linear(x)
+        if torch.is_grad_enabled():  # not a checkpointed first pass: activations kept
+            with self.lock:
+                self.alive += 1
+                self.peak = max(self.peak, self.alive)
+            y.register_hook(self.freed)
+        return y
+
+    def freed(self, grad):
+        with self.lock:
+            self.alive -= 1
+
+
+@pytest.mark.parametrize(("checkpoint", "peak"), [("always", 1), ("except_last", 1), ("never", 4)])
+def test_peak_activations_per_partition_match_torchgpipe(checkpoint, peak):
+    def peaks(package):
+        layers = [Graphs(), Graphs(), Graphs()]
+        gpipe = package.GPipe(nn.Sequential(*layers), [1, 1, 1], devices=["cpu"] * 3,
+                              chunks=4, checkpoint=checkpoint)
+        gpipe(torch.randn(8, 4)).sum().backward()
+        assert all(layer.alive == 0 for layer in layers)
+        return [layer.peak for layer in layers]
+
+    assert peaks(pipetrain) == peaks(torchgpipe) == [peak] * 3

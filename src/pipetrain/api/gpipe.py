@@ -100,7 +100,9 @@ class GPipe(nn.Module):
             every partition). Several partitions may share a device.
         chunks: number of micro-batches (a smaller batch gives fewer).
         checkpoint: ``'always'``, ``'except_last'`` or ``'never'``: which micro-batches
-            are re-materialized in backward.
+            are re-materialized in backward. ``'except_last'`` re-materializes all but
+            the one whose backward runs first, as torchgpipe does; in GPipe's fill-drain
+            order (backward in forward order) that is the first micro-batch.
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
         timeout: seconds a stage waits for its neighbour before giving up.
 
@@ -232,9 +234,15 @@ class GPipe(nn.Module):
             or any(t.requires_grad for t in iter_tensors(input))
         )
         if needs_grad:
-            stop = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
+            # the fill-drain schedule runs the backward in forward order (B0 first): the
+            # micro-batches left un-checkpointed ('except_last': one) are the first ones,
+            # whose activations are then freed first; torchgpipe, whose backward runs
+            # last micro-batch first, leaves out the last
+            count = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
             schedule = _schedule("gpipe", num_stages, num_microbatches)
-            output = pipeline.forward(schedule, batches, checkpoint_stop=stop, input_value=input)
+            output = pipeline.forward(schedule, batches, input_value=input,
+                                      checkpointed=range(num_microbatches - count,
+                                                         num_microbatches))
         else:
             schedule = _schedule("forward", num_stages, num_microbatches)
             output = pipeline.forward_only(schedule, batches)

@@ -86,7 +86,7 @@ class LocalPipeline:
     def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
         """Run a forward-only schedule without autograd; the merged output."""
         offset = self._next_offset()
-        ios = self._ios(len(self.executors), batches, key_offset=offset, stop=0)
+        ios = self._ios(len(self.executors), batches, key_offset=offset, checkpointed=range(0))
         if self.rng is not None:
             self.rng.open(offset)
         try:
@@ -98,12 +98,16 @@ class LocalPipeline:
         last = ios[-1]
         return merge_batches([last.outputs[i] for i in range(len(batches))])
 
-    def forward(self, schedule: Schedule, batches: list[Any], *, checkpoint_stop: int,
+    def forward(self, schedule: Schedule, batches: list[Any], *, checkpointed: range,
                 input_value: Any) -> Any:
-        """Run the forward phase; returns the merged output wired into autograd."""
+        """Run the forward phase; returns the merged output wired into autograd.
+
+        Micro-batches ``i in checkpointed`` (a range) are re-materialized in backward.
+        """
         phases = [split_phases(acts) for acts in schedule.actions]
         offset = self._next_offset()
-        ios = self._ios(len(self.executors), batches, key_offset=offset, stop=checkpoint_stop)
+        ios = self._ios(len(self.executors), batches, key_offset=offset,
+                        checkpointed=checkpointed)
         if self.rng is not None:
             self.rng.open(offset)
         session = _Session(io=ios, backward_actions=[b for _, b in phases])
@@ -185,8 +189,11 @@ class LocalPipeline:
         return next(self._sessions) * KEY_STRIDE
 
     @staticmethod
-    def _ios(num: int, batches: list[Any], *, key_offset: int, stop: int) -> list[StepIO]:
-        ios = [StepIO(key_offset=key_offset, checkpoint_stop=stop) for _ in range(num)]
+    def _ios(num: int, batches: list[Any], *, key_offset: int,
+             checkpointed: range) -> list[StepIO]:
+        assert checkpointed.step == 1, "checkpointed micro-batches are a contiguous range"
+        ios = [StepIO(key_offset=key_offset, checkpoint_start=checkpointed.start,
+                      checkpoint_stop=checkpointed.stop) for _ in range(num)]
         ios[0].inputs = batches
         return ios
 
