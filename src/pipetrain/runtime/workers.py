@@ -24,12 +24,14 @@ _STOP = object()
 def _worker_loop(
     tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event
 ) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if num_threads > 0:
-        torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
-        torch.set_num_threads(num_threads)
-    ready.set()
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if num_threads > 0:
+            torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
+            torch.set_num_threads(num_threads)
+    finally:
+        ready.set()
     while True:
         item = tasks.get()
         if item is _STOP:
