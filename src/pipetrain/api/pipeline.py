@@ -23,12 +23,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import LayerSource, Layout, StageModule, Tie
-from pipetrain.api.optimizer_step import (
-    OptimizerFactory,
-    SchedulerFactory,
-    StageOptimizers,
-    TiedParameter,
-)
+from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
+from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.checkpoint import checkpoint_stop
 from pipetrain.microbatch import batch_size, merge_batches, split_batch
 from pipetrain.runtime.distributed import DistTransport
@@ -43,13 +39,6 @@ from pipetrain.schedule import Action, Schedule, TimedAction, build_schedule, ca
 __all__ = ["Pipeline"]
 
 logger = logging.getLogger(__name__)
-
-
-def _resolve(module: nn.Module, name: str) -> tuple[nn.Module, str]:
-    *path, attr = name.split(".")
-    for part in path:
-        module = getattr(module, part)
-    return module, attr
 
 
 class Pipeline:
@@ -127,8 +116,10 @@ class Pipeline:
         self.mesh: Any = None
         """The ``("pp", "dp")`` DeviceMesh of the job."""
         self._groups = self._make_groups()
-        ties_here = self._tie(list(ties))
-        self._broadcast_initial_weights(ties_here)
+        ties_here = tie_layers(self.layers, list(ties), layout=self.layout,
+                               pipeline_rank=self.pipeline_rank)
+        broadcast_initial_weights(self.model, ties_here, layout=self.layout,
+                                  pipeline_rank=self.pipeline_rank, dp_group=self._groups["dp"])
 
         last = self.layout.stage_to_rank.__len__() - 1
         self._rng = SeededRng()
@@ -236,53 +227,6 @@ class Pipeline:
             mesh_dim_names=("pp", "dp"),
         )
         return {"pp": self.mesh.get_group("pp"), "dp": self.mesh.get_group("dp")}
-
-    def _tie(self, ties: list[Tie]) -> list[TiedParameter]:
-        layout = self.layout
-        tied: list[TiedParameter] = []
-        num_layers = layout.layer_ranges[-1].stop
-        for tie in ties:
-            for layer, _ in tie:
-                if not 0 <= layer < num_layers:
-                    raise ValueError(
-                        f"tie {tie} names layer {layer}, but the model has layers 0..{num_layers - 1}"
-                    )
-            holders = sorted({layout.stage_to_rank[layout.stage_of_layer(i)] for i, _ in tie})
-            local = [(i, name) for i, name in tie if i in self.layers]
-            shared: nn.Parameter | None = None
-            for i, name in local:
-                owner, attr = _resolve(self.layers[i], name)
-                param = getattr(owner, attr)
-                if not isinstance(param, nn.Parameter):
-                    raise TypeError(f"tie {tie}: layers[{i}].{name} is not an nn.Parameter")
-                if shared is None:
-                    shared = param
-                else:
-                    setattr(owner, attr, shared)
-            if len(holders) == 1:
-                continue  # all copies on one rank: one shared parameter, reduced as usual
-            ranks = sorted(layout.global_rank(pipeline_rank=r, replica=d)
-                           for r in holders for d in range(layout.replicas))
-            group = dist.new_group(ranks)
-            if shared is not None:
-                first_stage = min(layout.stage_of_layer(i) for i, _ in local)
-                tied.append(TiedParameter(
-                    shared,
-                    first_stage,
-                    group,
-                    counts_in_norm=self.pipeline_rank == holders[0],
-                ))
-        return tied
-
-    def _broadcast_initial_weights(self, ties: list[TiedParameter]) -> None:
-        with torch.no_grad():
-            if self.config.replicas > 1:
-                src = self.layout.global_rank(pipeline_rank=self.pipeline_rank, replica=0)
-                for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-                    dist.broadcast(tensor, src=src, group=self._groups["dp"])
-            for tie in ties:
-                src = min(dist.get_process_group_ranks(tie.group))
-                dist.broadcast(tie.param, src=src, group=tie.group)
 
     def _stage_params(self) -> dict[int, list[nn.Parameter]]:
         seen: set[int] = set()
