@@ -22,26 +22,44 @@ zero-bubble        ``zb-h1`` (1 stage per rank)  ``ScheduleInterleavedZeroBubble
                                                  ``ScheduleZBVZeroBubble`` (V placement)
 =================  ============================  =========================================
 
-torch has no ZB-H1 (one stage per rank); its zero-bubble schedules that run on 2 ranks
-need 2 stages per rank, so they cut the model into 4 stages where ``zb-h1`` cuts it into
-2: the same total compute, twice the stage boundaries. Both are reported (and, as a third
-line, ``ScheduleInterleavedZeroBubble`` given ONE stage per rank, the closest to ZB-H1,
-when torch accepts it); the ratio uses the faster torch variant.
+torch has no ZB-H1 as such; its zero-bubble schedules are written for several stages per
+rank. ``ScheduleInterleavedZeroBubble`` given ONE stage per rank runs exactly ZB-H1's action
+order on 2 ranks (the script checks the order torch actually ran against pipetrain's), so it
+is the like-for-like comparison; its 2-stages-per-rank form and ``ScheduleZBVZeroBubble``
+(which needs exactly 2 stages per rank, V placement) cut the model into 4 stages instead of
+2 (same compute, twice the stage boundaries) and are reported too. The ratio of a schedule
+is taken against the fastest torch variant. A torch variant that cannot be built or run
+is reported as "torch: not comparable (reason)".
 
 Method: all runners (every framework x schedule) live in the same two processes; after a
 warm-up, repetitions go round-robin over them; each timed step starts after a barrier and
 is timed with ``perf_counter`` on each rank, the step time being the max over the ranks.
-Figures are medians over repetitions. The first two steps' losses of both frameworks are
-compared (same loss after the first SGD update means the same gradients too).
+Figures are medians over repetitions. The losses of the first two steps of every runner
+are compared with each other and with the whole model trained in one process (same
+weights, same batches: the same work).
 
-For pipetrain the script also gathers both ranks' recorded actions of every timed step,
-puts them on one time axis, and compares the measured makespan with the simulator's
-prediction from the measured per-action costs (``simulate(pipe.schedule(M),
-measure.mean_costs)``). As a framework-neutral yardstick both frameworks are compared to
-an *ideal* step: the same schedule (torch's own action order for torch), simulated with
-per-stage forward / backward / optimizer costs measured in isolation (plain autograd on
-the stage modules, both ranks at once, no communication; a split backward counts as
-half + half of the full one). ``floor`` is the busiest rank's compute alone.
+Where the time goes. pipetrain records every action it runs; the script gathers both
+ranks' actions of every timed step, puts them on one time axis (``offsets_from_origins``)
+and compares the makespan with the simulator's prediction from the costs measured in the
+same step (``simulate(pipe.schedule(M), measure_step(...).mean_costs)``); it also gives
+the prediction with the time the sends took on the sender added to the compute before
+them (the simulator counts a send as free). For torch the forward / backward calls of its
+stages and its optimizer step are timed (two ``perf_counter`` reads per call; switch off
+with ``--no-trace-torch``), which gives torch's busy time, its own makespan and the same
+simulator comparison on the order torch ran; torch's gradient scaling (every gradient
+divided by M after the last backward) is shown apart. As a framework-neutral yardstick
+both are compared with an *ideal* step: their action order simulated with per-stage
+forward / backward / SGD costs measured in isolation (plain autograd on the stage modules,
+both ranks at once, no communication; a split backward counts as half + half of the full
+one). ``bound`` = torch's step / pipetrain's ideal step: the ratio a zero-overhead
+pipetrain would reach. Per rank and step the script also reports the CPU time of the main
+thread and of all other threads of the process (pipetrain's receive threads, gloo's device
+threads, monitors): on 2 cores busy with 2 ranks, background CPU is taken from compute.
+
+``--malloc-tuned`` runs the workers with glibc's ``MALLOC_TRIM_THRESHOLD_`` and
+``MALLOC_MMAP_THRESHOLD_`` raised, so that freed memory is kept: with the defaults the 4 MB
+weight-gradient temporaries of a backward page-fault on every micro-batch, which doubles
+the cost of the zero-bubble schedules' weight passes (``W``) in both frameworks.
 
 Part 2 (GPT, compute-bound): the default model of ``pipetrain train`` (GPTConfig(
 num_layers=4, width=64, num_heads=4, context=128), batch 32, AdamW lr 3e-3 with betas
@@ -58,6 +76,9 @@ Run it
     PYTHONPATH=src python benchmarks/vs_torch_pipelining.py --json     # one JSON object
     PYTHONPATH=src python benchmarks/vs_torch_pipelining.py --mlp --reps 5 --warmup 2
     PYTHONPATH=src python benchmarks/vs_torch_pipelining.py --gpt
+    PYTHONPATH=src python benchmarks/vs_torch_pipelining.py --malloc-tuned
+
+(``python`` being the project's virtual environment; ~70 s for both parts on 2 cores.)
 
 Goals
 -----
@@ -65,8 +86,10 @@ Goals
 * pipetrain's measured step within 10% of the simulator's prediction from its measured
   action costs.
 
-The machine should be quiet (the script prints the load average before and after);
-with 2 processes on 2 cores anything else running shows up directly in the figures.
+The machine should be quiet: with 2 processes on 2 cores anything else running shows up
+directly in the figures (and hurts the 2-process pipeline more than the 1-process
+baseline of part 2). The script reports the CPU that other processes used during each
+timed loop (from ``/proc/stat``, minus our own processes' CPU time).
 """
 
 from __future__ import annotations
@@ -95,9 +118,9 @@ TORCH_VARIANTS: dict[str, tuple[tuple[str, str, int, str], ...]] = {
     "1f1b": (("Schedule1F1B", "Schedule1F1B", 1, "loop"),),
     "interleaved-1f1b": (("ScheduleInterleaved1F1B", "ScheduleInterleaved1F1B", 2, "loop"),),
     "zb-h1": (
+        ("ScheduleInterleavedZeroBubble(V=1)", "ScheduleInterleavedZeroBubble", 1, "loop"),
         ("ScheduleInterleavedZeroBubble(V=2)", "ScheduleInterleavedZeroBubble", 2, "loop"),
         ("ScheduleZBVZeroBubble", "ScheduleZBVZeroBubble", 2, "v"),
-        ("ScheduleInterleavedZeroBubble(V=1)", "ScheduleInterleavedZeroBubble", 1, "loop"),
     ),
 }
 WORLD_SIZE = 2
@@ -145,6 +168,11 @@ def run_job(fn: Callable[..., Any], opts: Any, *, timeout: float) -> list[Any]:
     import torch.multiprocessing as mp
 
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned interpreters
+    if opts.malloc_tuned:
+        # glibc malloc: keep freed memory instead of returning it to the system, so that
+        # the 4 MB gradient temporaries of a backward do not page-fault every time
+        os.environ["MALLOC_TRIM_THRESHOLD_"] = str(1 << 30)
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 26)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -629,16 +657,22 @@ def mlp_worker(ctx: Any, opts: Any) -> dict[str, Any]:
             dist.barrier()
             runner.step(pool[k % len(pool)], target)
     times: dict[str, list[float]] = {r.label: [] for r in runners}
+    cpu: dict[str, list[tuple[float, float]]] = {r.label: [] for r in runners}
     dist.barrier()
     window = CpuWindow()
     for k in range(opts.reps):
         for runner in runners:
             x = pool[k % len(pool)]
             dist.barrier()
+            c0, m0 = time.process_time(), time.thread_time()
             t0 = time.perf_counter()
             runner.step(x, target)
             t1 = time.perf_counter()
+            m1, c1 = time.thread_time(), time.process_time()
             times[runner.label].append(t1 - t0)
+            # CPU of the main thread, and of every other thread of the process (receive
+            # threads, gloo's device threads, monitors) during the step
+            cpu[runner.label].append((m1 - m0, (c1 - c0) - (m1 - m0)))
             runner.after_timed_step()
     dist.barrier()
     window.close()
@@ -646,6 +680,7 @@ def mlp_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     # gather everything on rank 0
     mine_all = {
         "times": times,
+        "cpu": cpu,
         "cpu_window": window.result,
         "records": {r.label: r.records for r in runners if r.records},
         "scale_seconds": {r.label: r.scale_seconds for r in runners if r.framework == "torch"},
@@ -810,6 +845,10 @@ def analyse_mlp(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
             "min_s": min(step_times),
             "steps_per_s": 1.0 / med,
             "reps": len(step_times),
+            "main_thread_cpu_s_per_rank": [_median([c[0] for c in g["cpu"][label]])
+                                           for g in gathered],
+            "other_threads_cpu_s_per_rank": [_median([c[1] for c in g["cpu"][label]])
+                                             for g in gathered],
         }
         costs = isolated[info["num_stages"]]
         if info["framework"] == "pipetrain":
@@ -927,6 +966,7 @@ def gpt_worker(ctx: Any, opts: Any) -> dict[str, Any]:
         return loss.item()
 
     pipe_times: list[float] = []
+    pipe_cpu: list[tuple[float, float]] = []
     single_times: list[float] = []
     single_cpu: list[float] = []  # the idle rank's CPU time while rank 0 trains alone
     losses: dict[str, list[float]] = {"pipeline": [], "single": []}
@@ -939,13 +979,16 @@ def gpt_worker(ctx: Any, opts: Any) -> dict[str, Any]:
             window = CpuWindow()
         x, y = dataset.batch(k, 32)
         dist.barrier()
+        c0, m0 = time.process_time(), time.thread_time()
         t0 = time.perf_counter()
         loss = pipe.train_step(x, y)
         t1 = time.perf_counter()
+        m1, c1 = time.thread_time(), time.process_time()
         if k < 2:
             losses["pipeline"].append(loss)
         if timed:
             pipe_times.append(t1 - t0)
+            pipe_cpu.append((m1 - m0, (c1 - c0) - (m1 - m0)))
             records.append((pipe.last_step_start, list(pipe.last_timeline)))
         dist.barrier()
         c0 = time.process_time()
@@ -965,7 +1008,7 @@ def gpt_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     schedule = pipe.schedule(8)
     pipe.close()
     gathered: list[Any] = [None] * WORLD_SIZE
-    dist.all_gather_object(gathered, {"times": pipe_times, "records": records,
+    dist.all_gather_object(gathered, {"times": pipe_times, "records": records, "cpu": pipe_cpu,
                                       "single_cpu": single_cpu, "cpu_window": cpu_window})
     if rank != 0:
         return {}
@@ -992,6 +1035,8 @@ def analyse_gpt(raw: dict[str, Any]) -> dict[str, Any]:
         "first_losses": losses,
         "max_loss_diff": max(abs(a - b) for a, b in zip(losses["pipeline"], losses["single"])),
         "idle_rank_cpu_s_during_single": _median(gathered[1]["single_cpu"]),
+        "main_thread_cpu_s_per_rank": [_median([c[0] for c in g["cpu"]]) for g in gathered],
+        "other_threads_cpu_s_per_rank": [_median([c[1] for c in g["cpu"]]) for g in gathered],
         "reps": len(pipe_times),
         "load_during_timing": foreign_load([g["cpu_window"] for g in gathered]),
         # the pipeline's compute (both ranks' F + B + STEP) against the single process's step:
@@ -1036,8 +1081,9 @@ def print_mlp(result: dict[str, Any], opts: Any) -> None:
     print(f"medians over {opts.reps} round-robin repetitions (after {opts.warmup} warm-up), "
           "max over ranks; ms per training step")
     print(_load_line(result["load_during_timing"]) + "\n")
-    header = (f"{'schedule':17} {'pipetrain':>9} {'torch':>9} {'ratio':>6} {'bound':>6}  "
-              f"{'predicted':>9} {'measured':>8} {'gap':>7}  {'bubble':>6}  torch schedule")
+    header = (f"{'schedule':17} {'pipetrain':>9} {'torch':>9} {'steps/s':>11} {'ratio':>6} "
+              f"{'bound':>6}  {'predicted':>9} {'measured':>8} {'gap':>7}  {'bubble':>6}  "
+              "torch schedule")
     print(header)
     print("-" * len(header))
     for schedule, entry in result["schedules"].items():
@@ -1046,20 +1092,23 @@ def print_mlp(result: dict[str, Any], opts: Any) -> None:
         t = entry["torch"].get(torch_best) if torch_best else None
         ratio = f"{entry['ratio']:.2f}x" if t else "-"
         bound = f"{entry['ratio_bound']:.2f}x" if "ratio_bound" in entry else "-"
+        rates = f"{ours['steps_per_s']:.2f}/" + (f"{t['steps_per_s']:.2f}" if t else "-")
         print(f"{schedule:17} {_ms(ours['median_s']):>9} {_ms(t['median_s'] if t else None):>9} "
-              f"{ratio:>6} {bound:>6}  "
+              f"{rates:>11} {ratio:>6} {bound:>6}  "
               f"{_ms(ours['predicted_makespan_s']):>9} {_ms(ours['measured_makespan_s']):>8} "
               f"{_pct(ours['gap']):>7}  {ours['bubble_measured']:6.1%}  "
               f"{torch_best or 'torch: not comparable'}")
         for label, row in entry["torch"].items():
             if label != torch_best:
                 print(f"{'':17} {'':>9} {_ms(row['median_s']):>9} "
+                      f"{'-/' + format(row['steps_per_s'], '.2f'):>11} "
                       f"{entry['ratios'][label]:5.2f}x {'':>6}  {'':>9} {'':>8} {'':>7}  "
                       f"{'':>6}  {label}")
         for label, reason in entry["torch_not_comparable"].items():
             print(f"{'':17} torch: not comparable ({label}: {reason})")
-    print("\nratio = torch step time / pipetrain step time (> 1: pipetrain faster; goal >= "
-          f"{GOAL_RATIO}x), against the fastest torch variant; bound = torch / pipetrain's ideal "
+    print("\nsteps/s = pipetrain/torch; ratio = torch step time / pipetrain step time (> 1: "
+          "pipetrain faster; goal >= "
+          f"{GOAL_RATIO}x),\nagainst the fastest torch variant; bound = torch / pipetrain's ideal "
           "step (below),\nthe best ratio a zero-overhead pipetrain could reach. predicted = simulate(pipetrain's "
           "schedule, costs measured in the same steps);\nmeasured = makespan of the recorded "
           f"actions (goal: within {GOAL_GAP:.0%}); bubble = measured idle share of both ranks.")
@@ -1119,7 +1168,9 @@ def print_mlp(result: dict[str, Any], opts: Any) -> None:
                      if row["framework"] == "pipetrain" else "") + extra)
             for r, ops in enumerate(row["op_seconds_per_rank"]):
                 text = " ".join(f"{op} {1e3 * v:.1f}" for op, v in sorted(ops.items()))
-                print(f"    rank {r}: {text}")
+                print(f"    rank {r}: {text}; CPU: main thread "
+                      f"{1e3 * row['main_thread_cpu_s_per_rank'][r]:.1f}, other threads "
+                      f"{1e3 * row['other_threads_cpu_s_per_rank'][r]:.1f}")
 
 
 def print_gpt(result: dict[str, Any]) -> None:
@@ -1151,7 +1202,11 @@ def print_gpt(result: dict[str, Any]) -> None:
           f"{result['speedup_bound_busiest_rank']:.2f}x")
     for r, ops in enumerate(p["op_seconds_per_rank"]):
         text = " ".join(f"{op} {1e3 * v:.1f}" for op, v in sorted(ops.items()))
-        print(f"    rank {r}: {text}")
+        print(f"    rank {r}: {text}; CPU: main thread "
+              f"{1e3 * result['main_thread_cpu_s_per_rank'][r]:.1f}, other threads "
+              f"{1e3 * result['other_threads_cpu_s_per_rank'][r]:.1f}")
+    print(f"  (rank 1's CPU while rank 0 ran the single-process step: "
+          f"{_ms(result['idle_rank_cpu_s_during_single']).strip()} ms)")
 
 
 def machine_info() -> dict[str, Any]:
@@ -1191,6 +1246,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-trace-torch", dest="trace_torch", action="store_false",
                         help="do not time torch's compute calls (by default each forward / "
                              "backward call of its stages is timed: ~1 us per call)")
+    parser.add_argument("--malloc-tuned", action="store_true",
+                        help="run the workers with glibc's MALLOC_TRIM_THRESHOLD_=1 GiB and "
+                             "MALLOC_MMAP_THRESHOLD_=64 MiB (no page faults on large "
+                             "temporaries; both frameworks alike)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds before a stuck job is killed (default 600)")
     parser.add_argument("--torch-timeout", type=float, default=60.0,
@@ -1215,11 +1274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reps": opts.reps, "warmup": opts.warmup, "schedules": opts.schedules,
         "width": opts.width, "depth": opts.depth, "batch": opts.batch,
         "microbatches": opts.microbatches, "world_size": WORLD_SIZE, "threads_per_rank": 1,
+        "malloc_tuned": opts.malloc_tuned, "trace_torch": opts.trace_torch,
         "gpt_reps": opts.gpt_reps, "gpt_warmup": opts.gpt_warmup}}
     if not opts.json:
         m = output["machine"]
         print(f"machine: {m['cpu_count']} CPUs, torch {m['torch']}, python {m['python']}, "
               f"load average {m['loadavg_start']}")
+        if opts.malloc_tuned:
+            print("workers run with MALLOC_TRIM_THRESHOLD_=1 GiB, MALLOC_MMAP_THRESHOLD_=64 MiB")
     started = time.perf_counter()
     if not opts.gpt:
         raw = run_job(mlp_worker, opts, timeout=opts.timeout)[0]
@@ -1238,7 +1300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output["seconds"] = time.perf_counter() - started
     output["goals"] = _goals(output)
     if opts.json:
-        print(json.dumps(output, default=_json_default))
+        print(json.dumps(_finite(output), default=_json_default, allow_nan=False))
     else:
         print(f"\nload average at the end: {output['machine']['loadavg_end']}; "
               f"{output['seconds']:.0f} s in all")
@@ -1261,6 +1323,17 @@ def _goals(output: dict[str, Any]) -> dict[str, Any]:
                      f"the simulator: {'-' if gap is None else ('met' if abs(gap) <= GOAL_GAP else 'MISSED')}"
                      f" ({_pct(gap)})")
     return {"per_schedule": met, "lines": lines}
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN / infinity replaced by ``None`` (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:
