@@ -2,16 +2,16 @@
 
 Each message is one CPU buffer made by :mod:`.wire` (metadata and tensors together),
 sent with ``isend`` over a gloo process group (tensors on a GPU are staged through it;
-the receiving stage moves them to its device). gloo delivers a message into a receive buffer at least as large as the
-message, so the receiver posts a buffer of the channel's current *capacity*; a message
-that does not fit is announced by a small ``GROW`` message first, and both ends then use
-the new capacity. Shapes may therefore change from one micro-batch to the next with no
-warm-up and no extra round trip.
+the receiving stage moves them to its device). gloo delivers a message into a receive
+buffer at least as large as the message, so receives need not know the size: when a
+step starts, :meth:`DistTransport.expect` posts every receive the step will need into
+buffers of the transport's *capacity*, and the data flows while the rank computes. A
+message larger than the capacity is announced by a small notice and follows on the
+channel's overflow tag, into a buffer of its exact size.
 
-For every inbound channel a *pump* thread posts the next receive as soon as the previous
-one completed, so transfers overlap the compute of the main thread. The pump posts only
-as many receives as the runtime announced with :meth:`DistTransport.expect` (credits),
-so nothing is left pending between steps.
+Nothing runs in the background: a receive is waited for when the schedule's receive
+action runs. A dead peer breaks the connection and the wait fails at once; a silent one
+is caught by the peer monitor.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import datetime
 import logging
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -28,64 +27,17 @@ import torch.distributed as dist
 
 from pipetrain.runtime.errors import PeerFailure, PipelineError
 from pipetrain.runtime.transport import Channel, Mailbox
-from pipetrain.runtime.wire import KIND_DATA, KIND_GROW, pack, pack_control, read_prefix, unpack
+from pipetrain.runtime.wire import KIND_LARGE, pack, pack_large_notice, read_prefix, unpack
 
-__all__ = ["DistTransport"]
+__all__ = ["DEFAULT_CAPACITY", "DistTransport"]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_CAPACITY = 1 << 20
+"""Bytes of a pre-posted receive; larger messages take a second message."""
+_OVERFLOW_TAG = 1 << 20
 _CPU = torch.device("cpu")
-_INITIAL_CAPACITY = 1 << 16
-_MAX_PENDING_SENDS = 64
-
-
-def _next_capacity(nbytes: int) -> int:
-    capacity = _INITIAL_CAPACITY
-    while capacity < nbytes:
-        capacity *= 2
-    return capacity
-
-
-class _Pump:
-    """Receives the messages of one inbound channel in a background thread."""
-
-    def __init__(self, transport: DistTransport, channel: Channel, src: int) -> None:
-        self.channel = channel
-        self.src = src
-        self.credits = threading.Semaphore(0)
-        self.capacity = _INITIAL_CAPACITY
-        self.closing = False
-        self._transport = transport
-        self.thread = threading.Thread(
-            target=self._run, name=f"pipetrain-recv-{channel}", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        transport = self._transport
-        try:
-            while True:
-                self.credits.acquire()
-                if self.closing:
-                    return
-                while True:
-                    buffer = torch.empty(self.capacity, dtype=torch.uint8)
-                    work = dist.irecv(
-                        buffer, src=self.src, group=transport.group, tag=self.channel.tag
-                    )
-                    assert work is not None
-                    work.wait()
-                    kind, _, total = read_prefix(buffer)
-                    if kind == KIND_GROW:
-                        self.capacity = total
-                        continue
-                    assert kind == KIND_DATA, kind
-                    message = unpack(buffer[:total] if total * 2 < self.capacity else buffer)
-                    transport.mailbox.put(self.channel, message.microbatch, message.value)
-                    break
-        except Exception as error:  # the peer died, or the process group was torn down
-            if not self.closing:
-                transport.mailbox.fail(transport.explain_failure(error, peer=self.src))
+_MAX_PENDING_SENDS = 256
 
 
 class DistTransport:
@@ -93,9 +45,10 @@ class DistTransport:
 
     ``stage_to_rank[j]`` is the *global* rank that holds stage ``j`` in this pipeline
     (with data parallelism each replica's pipeline has its own ranks). ``inbound`` and
-    ``outbound`` list this rank's channels; ``group`` is the process group used for the
-    point-to-point traffic (default: the world). ``check`` is a health check that
-    raises when a peer died (see :class:`pipetrain.runtime.monitor.PeerMonitor`).
+    ``outbound`` list this rank's channels; ``group`` is the process group of the point
+    to point traffic (a gloo group; default: the world). ``check`` raises when the peer
+    monitor found a dead peer; ``explain`` turns a communication error into the error
+    the user sees (naming the rank that failed first).
 
     Example (inside an initialized gloo job of two ranks)::
 
@@ -114,80 +67,119 @@ class DistTransport:
         group: dist.ProcessGroup | None = None,
         check: Callable[[], None] | None = None,
         explain: Callable[[BaseException, int], PipelineError] | None = None,
+        capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         self.stage_to_rank = tuple(stage_to_rank)
         self.group = group
         self.timeout = timeout
+        self.capacity = capacity
         self.mailbox = Mailbox()
+        """Received values not yet asked for, and the first failure (if any)."""
         self._check = check
         self._explain = explain
-        self._send_capacity: dict[Channel, int] = {
-            c: _INITIAL_CAPACITY for c in outbound
+        self._outbound = set(outbound)
+        self._posted: dict[Channel, collections.deque[tuple[Any, torch.Tensor]]] = {
+            c: collections.deque() for c in inbound
         }
         self._pending: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
-        self._pumps = {
-            c: _Pump(self, c, self.stage_to_rank[c.src_stage]) for c in inbound
-        }
+        self._wait_timeout = datetime.timedelta(seconds=timeout)
 
     def explain_failure(self, error: BaseException, *, peer: int) -> PipelineError:
         """Turn a communication error with ``peer`` into the error the user sees."""
         if self._explain is not None:
             return self._explain(error, peer)
-        return PeerFailure(
-            f"communication with rank {peer} failed: {error}", dead_ranks=(peer,)
+        return PeerFailure(f"communication with rank {peer} failed: {error}", dead_ranks=(peer,))
+
+    def _fail(self, error: BaseException, peer: int) -> PipelineError:
+        failure = self.mailbox.error
+        if not isinstance(failure, PipelineError):
+            failure = self.explain_failure(error, peer=peer)
+            self.mailbox.fail(failure)
+        return failure
+
+    def _wait(self, work: Any, peer: int) -> None:
+        if self.mailbox.error is not None:
+            raise self.mailbox.error
+        try:
+            work.wait(self._wait_timeout)
+        except Exception as error:
+            if self._check is not None:
+                try:
+                    self._check()
+                except PipelineError as failure:
+                    self.mailbox.fail(failure)
+                    raise failure from error
+            raise self._fail(error, peer) from error
+
+    # -- receiving ----------------------------------------------------------------------
+    def expect(self, channel: Channel, count: int) -> None:
+        """Post ``count`` more receives on ``channel`` now (data flows in meanwhile)."""
+        posted = self._posted.get(channel)
+        if posted is None:
+            raise PipelineError(
+                f"no inbound channel {channel} on this rank (inbound: {sorted(self._posted)})"
+            )
+        src = self.stage_to_rank[channel.src_stage]
+        for _ in range(count):
+            buffer = torch.empty(self.capacity, dtype=torch.uint8)
+            work = dist.irecv(buffer, src=src, group=self.group, tag=channel.tag)
+            posted.append((work, buffer))
+
+    def recv(self, channel: Channel, microbatch: int) -> Any:
+        waiting = self.mailbox.take(channel, microbatch)
+        if waiting is not Mailbox.EMPTY:
+            return waiting
+        posted = self._posted[channel]
+        src = self.stage_to_rank[channel.src_stage]
+        while posted:
+            work, buffer = posted.popleft()
+            self._wait(work, src)
+            kind, sent_for, _, total = read_prefix(buffer)
+            if kind == KIND_LARGE:
+                buffer = torch.empty(total, dtype=torch.uint8)
+                large = dist.irecv(buffer, src=src, group=self.group, tag=channel.tag + _OVERFLOW_TAG)
+                self._wait(large, src)
+            elif total * 4 < self.capacity:
+                buffer = buffer[:total].clone()  # do not pin a whole capacity per message
+            message = unpack(buffer)
+            if sent_for == microbatch:
+                return message.value
+            self.mailbox.put(channel, sent_for, message.value)
+        raise PipelineError(
+            f"the {channel.kind}s of micro-batch {microbatch} on channel {channel} were never "
+            "announced with expect(): the action list and the transport disagree"
         )
 
-    def expect(self, channel: Channel, count: int) -> None:
-        """Announce ``count`` more messages on ``channel``; the pump posts them ahead."""
-        pump = self._pumps.get(channel)
-        if pump is None:
-            raise PipelineError(
-                f"no inbound channel {channel} on this rank (inbound: {sorted(self._pumps)})"
-            )
-        for _ in range(count):
-            pump.credits.release()
-
+    # -- sending ------------------------------------------------------------------------
     def send(self, channel: Channel, microbatch: int, value: Any) -> None:
         if self.mailbox.error is not None:
             raise self.mailbox.error
+        if channel not in self._outbound:
+            raise PipelineError(f"no outbound channel {channel} on this rank")
         dst = self.stage_to_rank[channel.dst_stage]
         buffer = pack(value, microbatch=microbatch, device=_CPU)
-        capacity = self._send_capacity.get(channel)
-        if capacity is None:
-            raise PipelineError(f"no outbound channel {channel} on this rank")
-        if buffer.numel() > capacity:
-            capacity = _next_capacity(buffer.numel())
-            self._post(pack_control(KIND_GROW, total=capacity), dst, channel.tag)
-            self._send_capacity[channel] = capacity
-        self._post(buffer, dst, channel.tag)
+        if buffer.numel() > self.capacity:
+            self._post(pack_large_notice(microbatch=microbatch, total=buffer.numel()), dst, channel.tag)
+            self._post(buffer, dst, channel.tag + _OVERFLOW_TAG)
+        else:
+            self._post(buffer, dst, channel.tag)
 
     def _post(self, buffer: torch.Tensor, dst: int, tag: int) -> None:
         work = dist.isend(buffer, dst=dst, group=self.group, tag=tag)
         self._pending.append((work, buffer))
         while len(self._pending) > _MAX_PENDING_SENDS:
-            self._wait_oldest()
+            self._finish_oldest()
 
-    def _wait_oldest(self) -> None:
+    def _finish_oldest(self) -> None:
         work, _ = self._pending.popleft()
-        try:
-            work.wait(datetime.timedelta(seconds=self.timeout))
-        except Exception as error:
-            failure = self.mailbox.error or self.explain_failure(error, peer=-1)
-            self.mailbox.fail(failure)
-            raise failure from error
-
-    def recv(self, channel: Channel, microbatch: int) -> Any:
-        return self.mailbox.get(channel, microbatch, timeout=self.timeout, check=self._check)
+        self._wait(work, -1)
 
     def flush(self) -> None:
         while self._pending:
-            self._wait_oldest()
+            self._finish_oldest()
 
     def close(self) -> None:
-        for pump in self._pumps.values():
-            pump.closing = True
-            pump.credits.release()
-        for pump in self._pumps.values():
-            pump.thread.join(timeout=1.0)
         self._pending.clear()
+        for posted in self._posted.values():
+            posted.clear()
         self.mailbox.clear()

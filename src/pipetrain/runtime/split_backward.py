@@ -3,28 +3,32 @@
 Zero-bubble schedules run a micro-batch's input-gradient pass as soon as the next stage
 needs it and defer the weight-gradient pass to fill bubbles. This works for any module:
 
-1. Walk the autograd graph from the outputs and mark the nodes that lead to an input.
-2. A node on an input path with an edge into a parameter-only subgraph is a *boundary*:
-   a pre-hook records the gradients that reach it during the input pass.
-3. The input pass is ``torch.autograd.grad(outputs, inputs, retain_graph=True)``: autograd
-   computes only what the inputs need, so no weight gradient is computed.
-4. The weight pass restarts autograd at the boundaries (``GradientEdge``) with the
-   recorded gradients and accumulates into ``param.grad``.
+1. Walk the autograd graph from the outputs. *Anchors* are the received inputs that need
+   a gradient and every fusible linear layer (below). A node on a path to an anchor with
+   an edge into a parameter-only subgraph is a *boundary*.
+2. The input pass is one ``torch.autograd.grad`` to the inputs and to the output of every
+   fusible linear layer: autograd computes the activation gradients only. Pre-hooks
+   record what reaches the other boundaries.
+3. The weight pass accumulates each linear layer's weight gradient in place,
+   ``W.grad.addmm_(g.T, x)`` (one GEMM that reads and writes ``W.grad`` once, instead of
+   a fresh gradient plus an addition: gradient-accumulation fusion), and restarts
+   autograd at the other boundaries (``GradientEdge``) for the remaining weights.
 
-Nothing is computed twice except the boundary nodes themselves, which now compute only
-their weight side.
+A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input and
+a transposed 2-D weight (``nn.Linear`` and ``F.linear``), the weight (and bias) feed no
+other node, and they carry no Python hooks. Everything else takes autograd's path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-__all__ = ["WeightGradient", "backward_input"]
+__all__ = ["WeightGradient", "backward_input", "fused_backward"]
 
 
 @dataclass
@@ -37,29 +41,121 @@ class _Group:
 
 
 @dataclass
+class _Linear:
+    """A fusible linear layer: ``y = x @ weight.T (+ bias)``, and the gradient of ``y``."""
+
+    node: Any
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    x: torch.Tensor
+    grad: torch.Tensor | None = None
+
+    def run(self) -> None:
+        g = self.grad
+        if g is None:
+            return
+        if self.weight.grad is None:
+            self.weight.grad = g.t().mm(self.x)
+        else:
+            self.weight.grad.addmm_(g.t(), self.x)
+        if self.bias is not None:
+            if self.bias.grad is None:
+                self.bias.grad = g.sum(0)
+            else:
+                self.bias.grad.add_(g.sum(0))
+        self.grad = None
+
+
+def _accumulate(params: Sequence[torch.Tensor], grads: Iterable[torch.Tensor | None]) -> None:
+    for param, grad in zip(params, grads):
+        if grad is None:
+            continue
+        if param.grad is None:
+            param.grad = grad
+        else:
+            param.grad += grad
+
+
+@dataclass
 class WeightGradient:
     """The deferred weight-gradient pass of one micro-batch (see :func:`backward_input`)."""
 
     groups: list[_Group] = field(default_factory=list)
+    linears: list[_Linear] = field(default_factory=list)
 
     def run(self) -> None:
         """Accumulate the weight gradients into ``param.grad`` and free the graph."""
+        for linear in self.linears:
+            linear.run()
         for group in self.groups:
             grads = torch.autograd.grad(
                 group.edges, group.params, grad_outputs=group.grads, allow_unused=True
             )
-            for param, grad in zip(group.params, grads):
-                if grad is None:
-                    continue
-                if param.grad is None:
-                    param.grad = grad
-                else:
-                    param.grad += grad
+            _accumulate(group.params, grads)
+        self.linears.clear()
         self.groups.clear()
 
 
 def _children(node: Any) -> list[Any]:
     return [child for child, _ in node.next_functions if child is not None]
+
+
+def _has_hooks(tensor: torch.Tensor) -> bool:
+    return bool(getattr(tensor, "_backward_hooks", None)) or bool(
+        getattr(tensor, "_post_accumulate_grad_hooks", None)
+    )
+
+
+def _as_linear(node: Any, consumers: dict[Any, int], params: set[int]) -> _Linear | None:
+    name = node.name()
+    if name == "AddmmBackward0":
+        if node._saved_alpha != 1 or node._saved_beta != 1:
+            return None
+        (bias_node, _), _, (t_node, _) = node.next_functions
+        x = node._saved_mat1
+    elif name == "MmBackward0":
+        _, (t_node, _) = node.next_functions
+        bias_node, x = None, node._saved_self
+    else:
+        return None
+    if t_node is None or t_node.name() != "TBackward0" or consumers.get(t_node) != 1:
+        return None
+    accumulate = t_node.next_functions[0][0]
+    weight = getattr(accumulate, "variable", None)
+    if weight is None or id(weight) not in params or consumers.get(accumulate) != 1:
+        return None
+    bias = None
+    if bias_node is not None:
+        bias = getattr(bias_node, "variable", None)
+        if bias is None or id(bias) not in params or consumers.get(bias_node) != 1:
+            return None
+    if weight.dim() != 2 or x is None or x.dim() != 2 or _has_hooks(weight):
+        return None
+    if bias is not None and (bias.dim() != 1 or _has_hooks(bias)):
+        return None
+    return _Linear(node, weight, bias, x)
+
+
+def _walk(roots: list[Any]) -> tuple[list[Any], dict[Any, int]]:
+    """Every node under ``roots`` (children before parents) and its number of consumers."""
+    order: list[Any] = []
+    consumers: dict[Any, int] = {}
+    seen: set[Any] = set()
+    stack: list[tuple[Any, bool]] = [(root, False) for root in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for child in _children(node):
+            consumers[child] = consumers.get(child, 0) + 1
+            if child not in seen:
+                stack.append((child, False))
+    return order, consumers
 
 
 def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Tensor]:
@@ -81,10 +177,16 @@ def backward_input(
     grad_outputs: Sequence[torch.Tensor | None],
     inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
+    *,
+    fuse: bool = True,
+    full: bool = False,
 ) -> tuple[list[torch.Tensor | None], WeightGradient]:
     """Gradients of ``inputs`` now, and the weight-gradient pass to run later.
 
     ``outputs[k]`` receives gradient ``grad_outputs[k]`` (``None`` for a scalar loss).
+    ``fuse=False`` leaves linear layers to autograd too. ``full=True`` (a full backward
+    about to run the weight pass at once) takes autograd's single pass when there is no
+    linear layer to fuse.
 
     Example:
         >>> lin = torch.nn.Linear(3, 3)
@@ -103,49 +205,53 @@ def backward_input(
     needed = [x for x in inputs if x.requires_grad]
     if not pairs:
         return [None] * len(inputs), weight
-    input_nodes = {get_gradient_edge(x).node for x in needed}
-    param_of = {get_gradient_edge(p).node: p for p in params}
-
-    # reaches[node] = (leads to an input, leads to a parameter), by iterative post-order
-    reaches: dict[Any, tuple[bool, bool]] = {}
     roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node for t, _ in pairs]
-    stack: list[tuple[Any, bool]] = [(root, False) for root in roots]
-    while stack:
-        node, expanded = stack.pop()
-        if node in reaches:
-            continue
-        if not expanded:
-            stack.append((node, True))
-            stack.extend((c, False) for c in _children(node) if c not in reaches)
-            continue
-        to_input = node in input_nodes
-        to_param = node in param_of
-        for child in _children(node):
-            child_input, child_param = reaches[child]
-            to_input = to_input or child_input
-            to_param = to_param or child_param
-        reaches[node] = (to_input, to_param)
+    order, consumers = _walk(roots)
+    param_ids = {id(p) for p in params}
+    param_of = {get_gradient_edge(p).node: p for p in params}
+    linears: dict[Any, _Linear] = {}
+    if fuse:
+        for node in order:
+            linear = _as_linear(node, consumers, param_ids)
+            if linear is not None:
+                linears[node] = linear
+    input_nodes = {get_gradient_edge(x).node for x in needed}
 
-    # boundaries: nodes on an input path with a child that leads only to parameters
+    def followed(node: Any) -> list[Any]:
+        if node in linears:  # its weight and bias are the fused pass's
+            name = node.name()
+            x_edge = node.next_functions[1 if name == "AddmmBackward0" else 0][0]
+            return [x_edge] if x_edge is not None else []
+        return _children(node)
+
+    # reaches[node] = (leads to an anchor, leads to a parameter left to autograd)
+    reaches: dict[Any, tuple[bool, bool]] = {}
+    for node in order:  # children first
+        to_anchor = node in input_nodes or node in linears
+        to_param = node in param_of and node not in linears
+        for child in followed(node):
+            child_anchor, child_param = reaches.get(child, (False, False))
+            to_anchor = to_anchor or child_anchor
+            to_param = to_param or child_param
+        reaches[node] = (to_anchor, to_param)
+
     boundaries = [
-        node
-        for node, (to_input, _) in reaches.items()
-        if to_input and any(not reaches[c][0] and reaches[c][1] for c in _children(node))
+        node for node in order
+        if reaches[node][0]
+        and any(not reaches[c][0] and reaches[c][1] for c in followed(node))
     ]
     groups: dict[Any, list[torch.Tensor]] = {}
     for node in boundaries:
         below: dict[int, torch.Tensor] = {}
-        for child in _children(node):
+        for child in followed(node):
             if not reaches[child][0] and reaches[child][1]:
                 below.update((id(p), p) for p in _params_below(child, param_of))
         groups[node] = list(below.values())
-    # outputs that do not lead to an input go to the weight pass whole
-    input_pairs = []
-    whole: list[tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]] = []
+    anchored, whole = [], []
     for (tensor, grad), root in zip(pairs, roots):
-        to_input, to_param = reaches[root]
-        if to_input:
-            input_pairs.append((tensor, grad))
+        to_anchor, to_param = reaches[root]
+        if to_anchor:
+            anchored.append((tensor, grad))
         elif to_param:
             whole.append((tensor, grad, _params_below(root, param_of)))
     # a weight reached from two restart points would be counted twice: do it all now
@@ -155,7 +261,7 @@ def backward_input(
         ids = {id(p) for p in group_params}
         shared = shared or bool(ids & seen_params)
         seen_params |= ids
-    if shared or not needed:
+    if shared or (not linears and (full or not needed)):
         torch.autograd.backward(
             [t for t, _ in pairs], [g for _, g in pairs], inputs=[*needed, *params] or None
         )
@@ -164,23 +270,32 @@ def backward_input(
     captured: dict[Any, tuple[torch.Tensor | None, ...]] = {}
     handles = []
     for node in boundaries:
+        if node in linears:
+            continue  # its incoming gradient is returned by the input pass
         def hook(grads: tuple[torch.Tensor | None, ...], node: Any = node) -> None:
             captured[node] = grads
         handles.append(node.register_prehook(hook))
+    linear_list = list(linears.values())
+    targets: list[Any] = [*needed, *(GradientEdge(l.node, 0) for l in linear_list)]
     input_grads: dict[int, torch.Tensor | None] = {}
     try:
-        if input_pairs:
+        if anchored and targets:
             grads = torch.autograd.grad(
-                [t for t, _ in input_pairs],
-                needed,
-                grad_outputs=[g for _, g in input_pairs],
-                retain_graph=True,
+                [t for t, _ in anchored],
+                targets,
+                grad_outputs=[g for _, g in anchored],
+                retain_graph=bool(groups or whole),
                 allow_unused=True,
             )
             input_grads = {id(x): g for x, g in zip(needed, grads)}
+            for linear, grad in zip(linear_list, grads[len(needed):]):
+                linear.grad = grad
+                if linear.node in groups:
+                    captured[linear.node] = (grad,)
     finally:
         for handle in handles:
             handle.remove()
+    weight.linears = [l for l in linear_list if l.grad is not None]
     for node in boundaries:
         edges, edge_grads = [], []
         for index, grad in enumerate(captured.get(node, ())):
@@ -191,6 +306,30 @@ def backward_input(
             weight.groups.append(_Group(edges, edge_grads, groups[node]))
     for tensor, grad, group_params in whole:
         weight.groups.append(
-            _Group([get_gradient_edge(tensor)], [grad if grad is not None else torch.ones_like(tensor)], group_params)
+            _Group([get_gradient_edge(tensor)], [grad if grad is not None else torch.ones_like(tensor)],
+                   group_params)
         )
     return [input_grads.get(id(x)) for x in inputs], weight
+
+
+def fused_backward(
+    outputs: Sequence[torch.Tensor],
+    grad_outputs: Sequence[torch.Tensor | None],
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> list[torch.Tensor | None]:
+    """A full backward with gradient-accumulation fusion for the linear layers.
+
+    The gradients of ``inputs`` are returned (and not stored in ``.grad``); weight
+    gradients accumulate into ``.grad`` as with ``torch.autograd.backward``.
+
+    Example:
+        >>> lin = torch.nn.Linear(3, 3)
+        >>> x = torch.randn(2, 3, requires_grad=True)
+        >>> (gx,) = fused_backward([lin(x)], [torch.ones(2, 3)], [x], list(lin.parameters()))
+        >>> torch.allclose(lin.bias.grad, torch.full((3,), 2.0))
+        True
+    """
+    input_grads, weight = backward_input(outputs, grad_outputs, inputs, params, full=True)
+    weight.run()
+    return input_grads

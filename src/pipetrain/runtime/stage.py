@@ -9,7 +9,9 @@ Re-materialization is explicit: a checkpointed micro-batch runs under ``no_grad`
 keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, and the
 runtime calls it *before* waiting for the gradient, so the recomputation overlaps the
 next stage's backward (as torchgpipe does). A split backward (input half, weight half)
-recomputes once. Random stages draw from per-(stage, micro-batch) streams
+recomputes once. Backward accumulates the weight gradients of linear layers in place
+(:mod:`.split_backward`; ``fuse_weight_gradients=False`` leaves them to autograd).
+Random stages draw from per-(stage, micro-batch) streams
 (:class:`~pipetrain.runtime.rng.SeededRng`), so the recomputation repeats dropout masks.
 
 The message between stages ``j`` and ``j + 1`` is the stage output itself, or
@@ -30,7 +32,7 @@ from torch import nn
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.runtime.rng import SeededRng
-from pipetrain.runtime.split_backward import WeightGradient, backward_input
+from pipetrain.runtime.split_backward import WeightGradient, backward_input, fused_backward
 from pipetrain.skip import SkipKey, run_with_skips
 
 __all__ = ["LossFn", "StageCompute"]
@@ -80,6 +82,7 @@ class StageCompute:
         skips_out: Sequence[SkipKey] = (),
         loss_fn: LossFn | None = None,
         rng: SeededRng | None = None,
+        fuse_weight_gradients: bool = True,
     ) -> None:
         self.module = module
         self.stage_index = stage_index
@@ -88,6 +91,7 @@ class StageCompute:
         self.skips_out = tuple(skips_out)
         self.loss_fn = loss_fn
         self.rng = rng
+        self.fuse = fuse_weight_gradients
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._in_flight: dict[int, _InFlight] = {}
         self._weight: dict[int, WeightGradient] = {}
@@ -217,8 +221,11 @@ class StageCompute:
         self.recompute(microbatch)
         state = self._take(microbatch)
         tensors, grad_tensors = self._targets(state, grads)
-        if tensors:
-            torch.autograd.backward(tensors, grad_tensors)
+        if not tensors:
+            return [None] * len(state.inputs)
+        if self.fuse:
+            return fused_backward(tensors, grad_tensors, state.inputs, self.params)
+        torch.autograd.backward(tensors, grad_tensors)
         return [leaf.grad for leaf in state.inputs]
 
     def backward_input(
@@ -229,7 +236,9 @@ class StageCompute:
         self.recompute(microbatch)
         state = self._take(microbatch)
         tensors, grad_tensors = self._targets(state, grads)
-        input_grads, weight = backward_input(tensors, grad_tensors, state.inputs, self.params)
+        input_grads, weight = backward_input(
+            tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse
+        )
         self._weight[microbatch] = weight
         return input_grads
 

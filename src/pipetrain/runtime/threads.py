@@ -16,6 +16,7 @@ class ThreadTransport:
     gets a detached view (a new autograd leaf), moved to its device by the stage.
 
     Example:
+        >>> import torch
         >>> from pipetrain.runtime.transport import ACTIVATION
         >>> t = ThreadTransport(timeout=5.0)
         >>> c = Channel(ACTIVATION, 0, 1)

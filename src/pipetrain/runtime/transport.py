@@ -103,6 +103,9 @@ class Mailbox:
         'x'
     """
 
+    EMPTY: Any = object()
+    """What :meth:`take` returns when nothing waits under the key."""
+
     def __init__(self) -> None:
         self._slots: dict[tuple[Channel, int], collections.deque[Any]] = {}
         self._cond = threading.Condition()
@@ -167,6 +170,18 @@ class Mailbox:
                         check()
                     finally:
                         self._cond.acquire()
+
+    def take(self, channel: Channel, microbatch: int) -> Any:
+        """The oldest value of the key without waiting, or :attr:`EMPTY`."""
+        key = (channel, microbatch)
+        with self._cond:
+            slot = self._slots.get(key)
+            if not slot:
+                return Mailbox.EMPTY
+            value = slot.popleft()
+            if not slot:
+                del self._slots[key]
+            return value
 
     def clear(self) -> None:
         """Drop every pending value and the recorded failure (after a failed step)."""
