@@ -65,6 +65,21 @@ def test_to_dict() -> None:
         "backward_input": None,
         "backward_weight": None,
         "communication": 0.0,
+        "send": 0.0,
         "reduce": 0.0,
         "step": 0.0,
     }
+
+
+def test_a_send_keeps_the_sender_busy_and_delays_the_message() -> None:
+    from pipetrain.schedule import build_schedule, simulate
+
+    schedule = build_schedule("gpipe", num_ranks=2, num_microbatches=2)
+    free = simulate(schedule, Costs(forward=1, backward=2)).makespan
+    costly = simulate(schedule, Costs(forward=1, backward=2, send=0.25)).makespan
+    # 2 activation sends + 2 gradient sends; on the critical path: rank 0's first send,
+    # both of rank 1's gradient sends' effect on rank 0, ...: the makespan grows
+    assert costly > free
+    timeline = simulate(schedule, Costs(forward=1, backward=2, send=0.25)).timeline
+    sends = [t for t in timeline if str(t.action) in ("0SF0", "1SB1")]
+    assert all(abs((t.end - t.start) - 0.25) < 1e-12 for t in sends)

@@ -18,8 +18,9 @@ class Costs:
 
     ``backward`` defaults to twice ``forward``; ``backward_input`` and ``backward_weight``
     (the two halves of a split backward, ``I`` and ``W``) default to half of ``backward``.
-    ``communication`` is the latency of one message (sends take no time on the sender;
-    the receiver waits until the message arrives). ``reduce`` is the duration of one
+    ``communication`` is the latency of one message (the receiver waits until the
+    message arrives); ``send`` is the time an explicit send (``SF``/``SB``) keeps the
+    sending rank busy (packing and posting the message; 0: sends are free). ``reduce`` is the duration of one
     stage's gradient all-reduce (it runs in the background; the stage's ``STEP`` waits
     for it); ``step`` is the optimizer step.
 
@@ -37,6 +38,7 @@ class Costs:
     backward_input: CostValue | None = None
     backward_weight: CostValue | None = None
     communication: CostValue = 0.0
+    send: CostValue = 0.0
     reduce: CostValue = 0.0
     step: CostValue = 0.0
 
@@ -101,6 +103,7 @@ class Costs:
             backward_input=half if self.backward_input is None else expand(self.backward_input),
             backward_weight=half if self.backward_weight is None else expand(self.backward_weight),
             communication=expand(self.communication),
+            send=expand(self.send),
             reduce=expand(self.reduce),
             step=expand(self.step),
         )
@@ -115,7 +118,7 @@ class Costs:
             >>> Costs.parse("fwd=1")
             Traceback (most recent call last):
             ...
-            ValueError: unknown cost 'fwd' in 'fwd=1'; known: forward, backward, backward_input, backward_weight, communication, reduce, step
+            ValueError: unknown cost 'fwd' in 'fwd=1'; known: forward, backward, backward_input, backward_weight, communication, send, reduce, step
 
         Raises:
             ValueError: an unknown name, a repeated name, or a value that is not a number.
@@ -165,6 +168,7 @@ class StageCosts:
     backward_input: tuple[float, ...]
     backward_weight: tuple[float, ...]
     communication: tuple[float, ...]
+    send: tuple[float, ...]
     reduce: tuple[float, ...]
     step: tuple[float, ...]
 

@@ -2,8 +2,8 @@
 
 Shared by the simulator (which times a schedule) and the validator (which finds out
 whether it deadlocks). Each rank runs its list in order; a compute action takes its cost;
-a send takes no time on the sender and arrives ``communication`` later; a receive waits
-until its message has arrived. A schedule without communication actions (as generators
+a send keeps the sender busy for its ``send`` cost (0 by default) and arrives
+``communication`` after it ends; a receive waits until its message has arrived. A schedule without communication actions (as generators
 return them) gets implicit messages: a forward whose previous stage lives on another rank
 waits for that stage's forward (plus the latency), and likewise a backward for the next
 stage's backward (``B`` or ``I``). ``REDUCE`` starts an all-reduce that runs in the
@@ -29,7 +29,7 @@ class TimedAction(NamedTuple):
     """When one action ran on one rank: simulated, or measured by the runtime (seconds).
 
     For a receive, ``start`` is when the rank reached it and ``end`` when the message was
-    there; a send has ``start == end``; a ``REDUCE`` spans its background all-reduce.
+    there; a send lasts its ``send`` cost; a ``REDUCE`` spans its background all-reduce.
 
     Example:
         >>> from pipetrain.schedule.actions import parse_action
@@ -123,8 +123,10 @@ def execute(schedule: Schedule, costs: StageCosts, *, record: bool = True) -> Ex
                         t = ready
                     else:
                         start = ready
-            if kind == _SEND or kind == _RECV:
+            if kind == _RECV:
                 end = t
+            elif kind == _SEND:
+                end = t = t + duration
             elif kind == _REDUCE:
                 end = start + duration
                 reduce_end[action.stage] = end
@@ -166,7 +168,7 @@ def _compile(
         send_op, offset = _RECEIVED_FROM[op]
         return (_RECV, action, 0.0, (send_op, j + offset, i), None, 0.0)
     if op is Op.SEND_FORWARD or op is Op.SEND_BACKWARD:
-        return (_SEND, action, 0.0, None, (op, j, i), latency)
+        return (_SEND, action, costs.send[j], None, (op, j, i), latency)
     duration = {
         Op.FORWARD: costs.forward,
         Op.BACKWARD: costs.backward,

@@ -27,7 +27,7 @@ _OP_COSTS = {
     Op.REDUCE_GRAD: "reduce",
     Op.OPTIMIZER_STEP: "step",
 }
-COST_NAMES: tuple[str, ...] = (*_OP_COSTS.values(), "communication")
+COST_NAMES: tuple[str, ...] = (*_OP_COSTS.values(), "communication", "send")
 """Keys of :attr:`StepMeasure.measured_costs`, named like the fields of
 :class:`~pipetrain.schedule.Costs`."""
 
@@ -54,7 +54,8 @@ class StepMeasure:
 
     ``measured_costs`` maps each name of :data:`COST_NAMES` to one mean per stage
     (``None`` where the stage ran no such action): the mean duration of its ``F``,
-    ``B``, ``I``, ``W``, ``REDUCE`` and ``STEP`` actions, and for ``communication`` the
+    ``B``, ``I``, ``W``, ``REDUCE``, ``STEP`` and send (``SF``/``SB``: ``send``)
+    actions, and for ``communication`` the
     mean latency of the messages the stage sent, estimated from the receives that
     waited for them: a receive reached before its message was sent ends when the
     message arrives, so ``receive end - send end`` is the latency (the simulator's
@@ -107,7 +108,7 @@ class StepMeasure:
         ``backward``, its own ``backward_input + backward_weight`` first); an op no
         stage ran keeps the :class:`~pipetrain.schedule.Costs` default (``backward``:
         ``backward_input + backward_weight`` where those were measured, ``I``/``W``:
-        half of ``backward``; ``communication``, ``reduce``, ``step``: 0).
+        half of ``backward``; ``communication``, ``send``, ``reduce``, ``step``: 0).
 
         Example:
             >>> from pipetrain.schedule import build_schedule, simulate
@@ -283,6 +284,7 @@ def _measured_costs(
             durations[_OP_COSTS[op]][j].append(t.end - t.start)
         elif op in _SENDS and i is not None:
             sent[(op, j, i)] = t.end
+            durations["send"][j].append(t.end - t.start)
     for t in actions:
         op, j, i = t.action.op, t.action.stage, t.action.microbatch
         if op not in _RECEIVES or i is None:
