@@ -65,7 +65,11 @@ class StageOptimizers:
         pp_group: Any = None,  # the replica's pipeline ranks (None: the default group)
         ties: Sequence[TiedParameter] = (),
         clip_grad_norm: float | None = None,
+        release: Callable[[int], None] | None = None,
     ) -> None:
+        self.release = release
+        """Called with a stage after its step to reset its gradients (default:
+        ``zero_grad(set_to_none=True)``)."""
         self.stage_params = {j: list(ps) for j, ps in stage_params.items()}
         self.optimizers = {j: optimizer(ps) for j, ps in self.stage_params.items()}
         self.schedulers = (
@@ -149,7 +153,10 @@ class StageOptimizers:
         self.optimizers[stage].step()
         if stage in self.schedulers:
             self.schedulers[stage].step()
-        self.optimizers[stage].zero_grad(set_to_none=True)
+        if self.release is not None:
+            self.release(stage)
+        else:
+            self.optimizers[stage].zero_grad(set_to_none=True)
 
 
 def _unflatten(flat: torch.Tensor, params: list[nn.Parameter]) -> None:

@@ -142,6 +142,7 @@ class Pipeline:
             pp_group=self._groups["pp"],
             ties=ties_here,
             clip_grad_norm=config.clip_grad_norm,
+            release=lambda stage: self.stages[stage].release_gradients(),
         )
         self._monitor = self._start_monitor()
         # point to point always travels over gloo (CPU buffers; see runtime.distributed);

@@ -28,7 +28,42 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-__all__ = ["WeightGradient", "backward_input", "fused_backward"]
+__all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
+
+
+class GradientPool:
+    """Gradient buffers kept from one step to the next.
+
+    After an optimizer step the runtime hands the weights' ``.grad`` tensors back here
+    (and sets ``.grad`` to ``None``, as ``zero_grad()`` does); the first fused
+    accumulation of the next step writes into the kept buffer instead of allocating a
+    fresh one, which on a CPU would page-fault through every byte of it.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.zeros(2, 2))
+        >>> w.grad = torch.ones(2, 2)
+        >>> pool = GradientPool()
+        >>> pool.release([w])
+        >>> w.grad is None, pool.take(w).shape
+        (True, torch.Size([2, 2]))
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def release(self, params: Iterable[torch.Tensor]) -> None:
+        """Keep the ``.grad`` of ``params`` and set it to ``None``."""
+        for param in params:
+            if param.grad is not None:
+                self._kept[id(param)] = param.grad
+                param.grad = None
+
+    def take(self, param: torch.Tensor) -> torch.Tensor | None:
+        """A kept buffer that fits ``param``'s gradient, if any."""
+        buffer = self._kept.pop(id(param), None)
+        if buffer is None or buffer.shape != param.shape or buffer.dtype != param.dtype:
+            return None
+        return buffer
 
 
 @dataclass
@@ -50,12 +85,13 @@ class _Linear:
     x: torch.Tensor
     grad: torch.Tensor | None = None
 
-    def run(self) -> None:
+    def run(self, pool: GradientPool | None) -> None:
         g = self.grad
         if g is None:
             return
         if self.weight.grad is None:
-            self.weight.grad = g.t().mm(self.x)
+            buffer = pool.take(self.weight) if pool is not None else None
+            self.weight.grad = g.t().mm(self.x) if buffer is None else torch.mm(g.t(), self.x, out=buffer)
         else:
             self.weight.grad.addmm_(g.t(), self.x)
         if self.bias is not None:
@@ -82,11 +118,12 @@ class WeightGradient:
 
     groups: list[_Group] = field(default_factory=list)
     linears: list[_Linear] = field(default_factory=list)
+    pool: GradientPool | None = None
 
     def run(self) -> None:
         """Accumulate the weight gradients into ``param.grad`` and free the graph."""
         for linear in self.linears:
-            linear.run()
+            linear.run(self.pool)
         for group in self.groups:
             grads = torch.autograd.grad(
                 group.edges, group.params, grad_outputs=group.grads, allow_unused=True
@@ -180,11 +217,13 @@ def backward_input(
     *,
     fuse: bool = True,
     full: bool = False,
+    pool: GradientPool | None = None,
 ) -> tuple[list[torch.Tensor | None], WeightGradient]:
     """Gradients of ``inputs`` now, and the weight-gradient pass to run later.
 
     ``outputs[k]`` receives gradient ``grad_outputs[k]`` (``None`` for a scalar loss).
-    ``fuse=False`` leaves linear layers to autograd too. ``full=True`` (a full backward
+    ``fuse=False`` leaves linear layers to autograd too; ``pool`` lends them gradient
+    buffers kept from the last step. ``full=True`` (a full backward
     about to run the weight pass at once) takes autograd's single pass when there is no
     linear layer to fuse.
 
@@ -199,7 +238,7 @@ def backward_input(
         torch.Size([3, 3])
     """
     params = [p for p in params if p.requires_grad]
-    weight = WeightGradient()
+    weight = WeightGradient(pool=pool)
     inputs = list(inputs)
     pairs = [(t, g) for t, g in zip(outputs, grad_outputs) if t.requires_grad]
     needed = [x for x in inputs if x.requires_grad]
@@ -317,6 +356,8 @@ def fused_backward(
     grad_outputs: Sequence[torch.Tensor | None],
     inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
+    *,
+    pool: GradientPool | None = None,
 ) -> list[torch.Tensor | None]:
     """A full backward with gradient-accumulation fusion for the linear layers.
 
@@ -330,6 +371,6 @@ def fused_backward(
         >>> torch.allclose(lin.bias.grad, torch.full((3,), 2.0))
         True
     """
-    input_grads, weight = backward_input(outputs, grad_outputs, inputs, params, full=True)
+    input_grads, weight = backward_input(outputs, grad_outputs, inputs, params, full=True, pool=pool)
     weight.run()
     return input_grads

@@ -32,7 +32,12 @@ from torch import nn
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.runtime.rng import SeededRng
-from pipetrain.runtime.split_backward import WeightGradient, backward_input, fused_backward
+from pipetrain.runtime.split_backward import (
+    GradientPool,
+    WeightGradient,
+    backward_input,
+    fused_backward,
+)
 from pipetrain.skip import SkipKey, run_with_skips
 
 __all__ = ["LossFn", "StageCompute"]
@@ -92,6 +97,9 @@ class StageCompute:
         self.loss_fn = loss_fn
         self.rng = rng
         self.fuse = fuse_weight_gradients
+        self.gradient_pool = GradientPool()
+        """Gradient buffers of this stage kept across optimizer steps (see
+        :meth:`release_gradients`)."""
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._in_flight: dict[int, _InFlight] = {}
         self._weight: dict[int, WeightGradient] = {}
@@ -224,7 +232,8 @@ class StageCompute:
         if not tensors:
             return [None] * len(state.inputs)
         if self.fuse:
-            return fused_backward(tensors, grad_tensors, state.inputs, self.params)
+            return fused_backward(tensors, grad_tensors, state.inputs, self.params,
+                                  pool=self.gradient_pool)
         torch.autograd.backward(tensors, grad_tensors)
         return [leaf.grad for leaf in state.inputs]
 
@@ -237,7 +246,8 @@ class StageCompute:
         state = self._take(microbatch)
         tensors, grad_tensors = self._targets(state, grads)
         input_grads, weight = backward_input(
-            tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse
+            tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse,
+            pool=self.gradient_pool,
         )
         self._weight[microbatch] = weight
         return input_grads
@@ -252,6 +262,11 @@ class StageCompute:
                 "before its input backward"
             ) from None
         weight.run()
+
+    def release_gradients(self) -> None:
+        """Set the stage's ``.grad`` to ``None`` (as ``zero_grad()`` does), keeping the
+        buffers for the next step's backward."""
+        self.gradient_pool.release(self.params)
 
     @property
     def in_flight(self) -> int:
