@@ -232,3 +232,24 @@ def test_except_last_holds_one_microbatch_of_activations_per_partition():
                             checkpoint="except_last")
     gpipe(torch.randn(8, 3)).sum().backward()
     assert alive == {"now": 0, "peak": 1}
+
+
+def test_fused_weight_gradients_do_not_record_a_graph() -> None:
+    """Bug: the fused accumulation ``W.grad.addmm_(g.T, x)`` ran with autograd on while
+    ``x`` (a saved activation) required grad, so ``W.grad`` recorded a graph (keeping
+    activations alive), and a pooled buffer failed with "functions with out=... don't
+    support automatic differentiation"."""
+    import torch
+    from torch import nn
+
+    from pipetrain.runtime.split_backward import GradientPool, fused_backward
+
+    layers = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
+    pool = GradientPool()
+    for _ in range(2):
+        x = torch.randn(3, 4, requires_grad=True)
+        out = layers(x)
+        fused_backward([out], [torch.ones_like(out)], [x], list(layers.parameters()), pool=pool)
+        for p in layers.parameters():
+            assert p.grad is not None and not p.grad.requires_grad and p.grad.grad_fn is None
+        pool.release(layers.parameters())

@@ -86,6 +86,10 @@ class _Linear:
     grad: torch.Tensor | None = None
 
     def run(self, pool: GradientPool | None) -> None:
+        with torch.no_grad():  # the saved input requires grad; the accumulation must not
+            self._accumulate(pool)
+
+    def _accumulate(self, pool: GradientPool | None) -> None:
         g = self.grad
         if g is None:
             return
