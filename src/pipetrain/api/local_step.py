@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,14 +69,27 @@ class LocalPipeline:
         self._sessions = itertools.count()
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
-             grad: bool) -> None:
-        def task(executor: RankExecutor, acts: Sequence[Action], io: StepIO) -> Any:
-            if not acts:
+             grad: bool, then: dict[int, Callable[[], None]] | None = None) -> None:
+        """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
+        them (glue such as merging micro-batches runs there, single-threaded, so that the
+        caller's thread starts no intra-op thread team that would spin on the cores the
+        stages are using)."""
+        then = then or {}
+
+        def task(j: int, executor: RankExecutor, acts: Sequence[Action], io: StepIO) -> Any:
+            if not acts and j not in then:
                 return None
-            return lambda: _run_with_grad(executor, acts, io, grad)
+
+            def work() -> None:
+                if acts:
+                    _run_with_grad(executor, acts, io, grad)
+                if j in then:
+                    then[j]()
+            return work
 
         try:
-            self.workers.run([task(e, a, io) for e, a, io in zip(self.executors, actions, ios)])
+            self.workers.run([task(j, e, a, io)
+                              for j, (e, a, io) in enumerate(zip(self.executors, actions, ios))])
         except BaseException:
             for executor in self.executors:
                 executor.reset()
@@ -129,23 +142,28 @@ class LocalPipeline:
     def run_forward(self, session: _Session) -> tuple[torch.Tensor, ...]:
         """The forward phase (inside the autograd function): the merged output tensors."""
         ios = session.io
+        num_microbatches = len(ios[0].inputs or ())
+
+        def merge() -> None:
+            outputs = [ios[-1].outputs[i] for i in range(num_microbatches)]
+            # a piece may need no gradient in one micro-batch and need one in another (a
+            # checkpointed micro-batch announces its outputs before knowing)
+            session.microbatch_masks = [[t.requires_grad for t in iter_tensors(o)] for o in outputs]
+            session.output_mask = [any(column) for column in zip(*session.microbatch_masks)]
+            session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
+            with torch.no_grad():
+                leaves, session.structure = flatten(merge_batches(outputs))
+            session.tensor_positions = [
+                k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
+            ]
+            session.leaves = leaves
+
         try:
-            self._run(session.forward_actions, ios, grad=True)
+            self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge})
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
-        num_microbatches = len(ios[0].inputs or ())
-        outputs = [ios[-1].outputs[i] for i in range(num_microbatches)]
-        # a piece may need no gradient in one micro-batch and need one in another (a
-        # checkpointed micro-batch announces its outputs before knowing)
-        session.microbatch_masks = [[t.requires_grad for t in iter_tensors(o)] for o in outputs]
-        session.output_mask = [any(column) for column in zip(*session.microbatch_masks)]
-        session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
-        leaves, session.structure = flatten(merge_batches(outputs))
-        session.tensor_positions = [
-            k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
-        ]
-        session.leaves = leaves
+        leaves = session.leaves
         return tuple(leaves[k].detach() for k in session.tensor_positions)
 
     def backward(self, session: _Session, grads: Sequence[torch.Tensor | None]) -> list[Any]:
@@ -169,16 +187,21 @@ class LocalPipeline:
             [pieces[i] for pieces, keep in zip(per_output, session.microbatch_masks[i]) if keep]
             for i in range(num_microbatches)
         ]
+        first_io = ios[0]
+        merged: list[Any] = []
+
+        def merge() -> None:
+            for k, shape in enumerate(session.input_shapes):
+                pieces = [first_io.input_grads.get(i, [None] * (k + 1))[k]
+                          for i in range(num_microbatches)]
+                sizes = [session.input_sizes[i][k] for i in range(num_microbatches)]
+                merged.append(_merge_grad(pieces, shape, sizes))
+
         try:
-            self._run(session.backward_actions, ios, grad=True)
+            self._run(session.backward_actions, ios, grad=True, then={0: merge})
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)
-        first_io = ios[0]
-        merged: list[Any] = []
-        for k, shape in enumerate(session.input_shapes):
-            pieces = [first_io.input_grads.get(i, [None] * (k + 1))[k] for i in range(num_microbatches)]
-            merged.append(_merge_grad(pieces, shape, [session.input_sizes[i][k] for i in range(num_microbatches)]))
         for io in ios:
             io.input_grads.clear()
             io.outputs.clear()

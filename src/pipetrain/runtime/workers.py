@@ -43,6 +43,8 @@ def _worker_loop(
             future.set_result(function())
         except BaseException as error:
             future.set_exception(error)
+        # the finished task must not outlive its run (it may hold a whole pipeline step)
+        del item, future, function
 
 
 class StageWorkers:
