@@ -129,3 +129,25 @@ def test_deepcopy_of_a_gpipe_trains_independently():
     model(x).sum().backward()
     assert_grads_close(twin.parameters(), model.parameters())
     assert all(p.grad is None for p in gpipe.parameters())
+
+
+def test_unfused_weight_gradients_give_the_same_result() -> None:
+    """``fuse_weight_gradients=False`` leaves every weight gradient to autograd."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    import pipetrain
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.GELU(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2))
+    x = torch.randn(8, 6)
+    grads = []
+    for fuse in (True, False):
+        pipe = pipetrain.GPipe(copy.deepcopy(model), [3, 2], chunks=4, fuse_weight_gradients=fuse)
+        pipe(x).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in pipe.parameters()])
+    model(x).pow(2).sum().backward()
+    for fused, unfused, plain in zip(*grads, (p.grad for p in model.parameters())):
+        assert torch.allclose(fused, plain, atol=1e-6) and torch.allclose(unfused, plain, atol=1e-6)

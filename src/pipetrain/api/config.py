@@ -48,6 +48,8 @@ class PipelineConfig:
     """Seconds a rank waits for a message before it reports a stuck peer."""
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer is declared dead."""
+    fuse_weight_gradients: bool = True
+    """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:

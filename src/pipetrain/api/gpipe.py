@@ -104,6 +104,11 @@ class GPipe(nn.Module):
             the one whose backward runs first, as torchgpipe does; in GPipe's fill-drain
             order (backward in forward order) that is the first micro-batch.
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
+        timeout: seconds a stage waits for its neighbour before reporting it stuck.
+        fuse_weight_gradients: accumulate linear layers' weight gradients in place
+            (faster; see :mod:`pipetrain.runtime.split_backward`). Turn it off when
+            something must see autograd accumulate them (hooks registered on the
+            gradient accumulators, e.g. by DDP wrapping this module).
         timeout: seconds a stage waits for its neighbour before giving up.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
@@ -132,6 +137,7 @@ class GPipe(nn.Module):
         checkpoint: str = "except_last",
         deferred_batch_norm: bool = False,
         timeout: float = 300.0,
+        fuse_weight_gradients: bool = True,
     ) -> None:
         super().__init__()
         verify_module(module)
@@ -156,6 +162,7 @@ class GPipe(nn.Module):
         self.devices = device_list
         self.chunks = chunks
         self.checkpoint = checkpoint
+        self.fuse_weight_gradients = fuse_weight_gradients
         self.timeout = timeout
         partitions = split_module(module, balance_list)
         for partition, device in zip(partitions, device_list):
@@ -213,6 +220,7 @@ class GPipe(nn.Module):
                     skips_in=self._layout.incoming(j),
                     skips_out=self._layout.crossing(j),
                     rng=rng,
+                    fuse_weight_gradients=self.fuse_weight_gradients,
                 )
                 executors.append(
                     RankExecutor(rank=j, stage_to_rank=tuple(range(num)), stages={j: stage},

@@ -132,6 +132,7 @@ class Pipeline:
                 device=self.device,
                 loss_fn=loss_fn if j == last else None,
                 rng=self._rng if is_stochastic(module) else None,
+                fuse_weight_gradients=config.fuse_weight_gradients,
             )
         self.optimizers = StageOptimizers(
             self._stage_params(),
