@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     layout.add_argument("--checkpoint", default="never", choices=("always", "except_last", "never"),
                         help="re-materialization mode (default never)")
     training = parser.add_argument_group("training")
-    training.add_argument("--steps", type=_positive, default=600, help="optimizer steps (default 600)")
+    training.add_argument("--steps", type=_positive, default=1000, help="optimizer steps (default 1000)")
     training.add_argument("--batch-size", type=_positive, default=32, help="sequences per step (default 32)")
     training.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     training.add_argument("--warmup", type=int, default=50, help="linear warm-up steps (default 50)")
