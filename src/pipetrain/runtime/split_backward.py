@@ -319,7 +319,7 @@ def backward_input(
             captured[node] = grads
         handles.append(node.register_prehook(hook))
     linear_list = list(linears.values())
-    targets: list[Any] = [*needed, *(GradientEdge(l.node, 0) for l in linear_list)]
+    targets: list[Any] = [*needed, *(GradientEdge(lin.node, 0) for lin in linear_list)]
     input_grads: dict[int, torch.Tensor | None] = {}
     try:
         if anchored and targets:
@@ -338,7 +338,7 @@ def backward_input(
     finally:
         for handle in handles:
             handle.remove()
-    weight.linears = [l for l in linear_list if l.grad is not None]
+    weight.linears = [lin for lin in linear_list if lin.grad is not None]
     for node in boundaries:
         edges, edge_grads = [], []
         for index, grad in enumerate(captured.get(node, ())):
