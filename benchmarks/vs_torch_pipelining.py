@@ -98,16 +98,14 @@ import argparse
 import json
 import math
 import os
-import pickle
 import platform
-import queue
-import socket
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from pipetrain.launch import run_processes
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 """pipetrain's schedules compared, by the name used in the report."""
@@ -134,77 +132,15 @@ GOAL_GAP = 0.10
 # ---------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(fn: Callable[..., Any], rank: int, port: int, opts: Any, results: Any) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        from pipetrain.runtime.process_group import init_distributed
-
-        ctx = init_distributed(rank=rank, world_size=WORLD_SIZE, master_addr="127.0.0.1",
-                               master_port=port, timeout=opts.timeout)
-        value = fn(ctx, opts)
-        results.put((rank, "ok", pickle.dumps(value)))
-    except BaseException as error:  # report everything, including SystemExit
-        results.put((rank, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
-
-
 def run_job(fn: Callable[..., Any], opts: Any, *, timeout: float) -> list[Any]:
-    """Run ``fn(ctx, opts)`` on 2 ranks; the results by rank (raises on any failure)."""
-    import torch.multiprocessing as mp
-
+    """Run ``fn(context, opts)`` on the benchmark's ranks (one intra-op thread each)."""
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned interpreters
     if opts.malloc_tuned:
         # glibc malloc: keep freed memory instead of returning it to the system, so that
         # the 4 MB gradient temporaries of a backward do not page-fault every time
         os.environ["MALLOC_TRIM_THRESHOLD_"] = str(1 << 30)
         os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 26)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, port, opts, results), daemon=True)
-             for r in range(WORLD_SIZE)]
-    for p in procs:
-        p.start()
-    outcome: dict[int, tuple[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(outcome) < WORLD_SIZE and time.monotonic() < deadline:
-            try:
-                rank, status, payload = results.get(timeout=1.0)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    break
-                continue
-            outcome[rank] = (status, pickle.loads(payload) if status == "ok" else payload)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    errors = [f"rank {r}:\n{payload}" for r, (s, payload) in sorted(outcome.items()) if s != "ok"]
-    missing = [r for r in range(WORLD_SIZE) if r not in outcome]
-    if errors or missing:
-        raise RuntimeError("benchmark job failed:\n" + "\n".join(errors)
-                           + (f"\nranks {missing} gave no result within {timeout:.0f} s "
-                              f"(exit codes {[p.exitcode for p in procs]})" if missing else ""))
-    return [outcome[r][1] for r in range(WORLD_SIZE)]
+    return run_processes(fn, WORLD_SIZE, opts, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from pipetrain.microbatch import map_tensors
+from pipetrain.nested import map_tensors
 
 __all__ = [
     "CHECKPOINT_MODES",

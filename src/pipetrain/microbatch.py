@@ -14,11 +14,13 @@ of the original tensors (no copy).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from pipetrain.nested import map_tensors
 
 __all__ = ["batch_size", "map_tensors", "merge_batches", "split_batch"]
 
@@ -65,26 +67,6 @@ def _batch_tensors(value: Any, path: str) -> Iterator[tuple[str, Tensor]]:
     if children is not None:
         for suffix, child in children:
             yield from _batch_tensors(child, path + suffix)
-
-
-def map_tensors(function: Callable[[Tensor], Any], batch: Any) -> Any:
-    """Apply ``function`` to every tensor leaf of a nested batch, keeping its structure.
-
-    Non-tensor leaves are returned unchanged. Used to move, detach or collect tensors.
-
-    Example:
-        >>> import torch
-        >>> batch = {"x": torch.zeros(2, 3), "ids": [torch.ones(2), "tag"]}
-        >>> moved = map_tensors(lambda t: t + 1, batch)
-        >>> moved["ids"][0].tolist(), moved["ids"][1]
-        ([2.0, 2.0], 'tag')
-    """
-    if isinstance(batch, Tensor):
-        return function(batch)
-    children = _children(batch)
-    if children is None:
-        return batch
-    return _rebuild(batch, [map_tensors(function, child) for _, child in children])
 
 
 def batch_size(batch: Any) -> int:

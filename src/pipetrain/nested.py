@@ -43,8 +43,9 @@ _LEAF = Structure("leaf")
 def flatten(value: Any) -> tuple[list[Any], Structure]:
     """Split ``value`` into its leaves (depth first) and its structure.
 
-    Tuples, lists, dicts (keys in insertion order) and namedtuples are containers;
-    everything else, tensors included, is a leaf.
+    Tuples, lists, dicts (keys in insertion order; subclasses such as ``OrderedDict``
+    keep their type) and namedtuples are containers; everything else, tensors included,
+    is a leaf.
 
     Example:
         >>> leaves, structure = flatten({"x": torch.zeros(2), "n": (3, [4])})
@@ -71,7 +72,8 @@ def _flatten_into(value: Any, leaves: list[Any]) -> Structure:
         return Structure("list", tuple(_flatten_into(v, leaves) for v in value))
     if isinstance(value, dict):
         keys = tuple(value.keys())
-        return Structure("dict", tuple(_flatten_into(value[k], leaves) for k in keys), keys)
+        children = tuple(_flatten_into(value[k], leaves) for k in keys)
+        return Structure("dict", children, keys if type(value) is dict else (type(value), keys))
     leaves.append(value)
     return _LEAF
 
@@ -106,6 +108,12 @@ def _unflatten_from(leaves: Iterator[Any], structure: Structure) -> Any:
     if kind == "list":
         return children
     if kind == "dict":
+        if isinstance(structure.keys, tuple) and len(structure.keys) == 2 and isinstance(structure.keys[0], type):
+            mapping_type, keys = structure.keys
+            try:
+                return mapping_type(zip(keys, children))
+            except TypeError:  # e.g. defaultdict: its first argument is a factory
+                return dict(zip(keys, children))
         return dict(zip(structure.keys, children))
     return structure.keys(*children)  # namedtuple
 

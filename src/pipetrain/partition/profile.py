@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipetrain.microbatch import map_tensors, split_batch
+from pipetrain.microbatch import split_batch
+from pipetrain.nested import map_tensors
 
 __all__ = ["default_device", "profile_sizes", "profile_times"]
 

@@ -1,0 +1,126 @@
+"""Running a function on every rank of a small local job (spawned processes, gloo).
+
+For tests, benchmarks and notebooks: ``run_processes(fn, 2, ...)`` starts two fresh
+interpreters, joins them into a gloo job on 127.0.0.1 (free port) through
+:func:`pipetrain.runtime.process_group.init_distributed`, calls ``fn(context, *args)`` on
+each, and returns the results by rank. Every wait has a timeout and every process is
+joined (killed if it overstays), so a failing job never hangs its caller.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ProcessesFailed", "free_port", "run_processes"]
+
+
+class ProcessesFailed(AssertionError):
+    """A rank raised or gave no result; the message holds each rank's traceback."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now.
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout: float,
+           args: tuple[Any, ...], results: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        from pipetrain.runtime.process_group import init_distributed
+
+        context = init_distributed(rank=rank, world_size=world_size, master_addr="127.0.0.1",
+                                   master_port=port, timeout=timeout)
+        value = fn(context, *args)
+        results.put((rank, "ok", pickle.dumps(value)))
+    except BaseException as error:  # report everything, SystemExit included
+        results.put((rank, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def run_processes(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    expect_errors: bool = False,
+) -> list[Any]:
+    """Run ``fn(context, *args)`` on ``world_size`` spawned ranks; the results by rank.
+
+    ``fn`` must be importable by name (a module-level function): the ranks are fresh
+    interpreters. With ``expect_errors`` each rank's outcome is returned as
+    ``("ok", value)``, ``("error", traceback text)`` or ``("missing", None)`` instead of
+    raising. Each rank runs with ``OMP_NUM_THREADS`` (default 1) intra-op threads.
+
+    Raises:
+        ProcessesFailed: a rank raised, or gave no result within ``timeout`` seconds.
+
+    Example::
+
+        def loss_on_each_rank(context, steps):
+            ...
+        losses = run_processes(loss_on_each_rank, 2, 10, timeout=300)
+    """
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    results = spawn.Queue()
+    port = free_port()
+    procs = [
+        spawn.Process(target=_entry, args=(fn, r, world_size, port, timeout, args, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcome: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcome) < world_size and time.monotonic() < deadline:
+            try:
+                rank, status, payload = results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                if all(not p.is_alive() for p in procs) and results.empty():
+                    break
+                continue
+            outcome[rank] = (status, pickle.loads(payload) if status == "ok" else payload)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if expect_errors:
+        return [outcome.get(r, ("missing", None)) for r in range(world_size)]
+    missing = [r for r in range(world_size) if r not in outcome]
+    errors = [f"rank {r}:\n{payload}" for r, (status, payload) in sorted(outcome.items()) if status != "ok"]
+    if errors or missing:
+        raise ProcessesFailed(
+            "\n".join(errors)
+            + (f"\nranks {missing} gave no result within {timeout:.0f} s "
+               f"(exit codes {[p.exitcode for p in procs]})" if missing else "")
+        )
+    return [outcome[r][1] for r in range(world_size)]
