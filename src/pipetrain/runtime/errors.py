@@ -1,8 +1,8 @@
-"""Errors the pipeline runtime raises: dead peers, timeouts, bad stage outputs."""
+"""Errors the pipeline runtime raises: dead peers and communication timeouts."""
 
 from __future__ import annotations
 
-__all__ = ["CommunicationTimeout", "PeerFailure", "PipelineError", "StageError"]
+__all__ = ["CommunicationTimeout", "PeerFailure", "PipelineError"]
 
 
 class PipelineError(RuntimeError):
@@ -24,6 +24,3 @@ class PeerFailure(PipelineError):
 class CommunicationTimeout(PipelineError):
     """A receive waited longer than the configured timeout."""
 
-
-class StageError(PipelineError):
-    """A stage failed on a micro-batch (the message says which stage, micro-batch and action)."""

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from pipetrain.nested import map_tensors
-from pipetrain.runtime.errors import CommunicationTimeout, PipelineError
+from pipetrain.runtime.errors import CommunicationTimeout
 
 __all__ = ["ACTIVATION", "GRADIENT", "Channel", "Mailbox", "Transport", "handoff"]
 
@@ -188,15 +188,3 @@ class Mailbox:
         with self._cond:
             self._slots.clear()
             self._error = None
-
-    def pending(self) -> int:
-        """How many values wait to be taken."""
-        with self._cond:
-            return sum(len(slot) for slot in self._slots.values())
-
-
-def raise_if_failed(mailbox: Mailbox) -> None:
-    """Raise the mailbox's recorded failure, if any."""
-    if mailbox.error is not None:
-        error = mailbox.error
-        raise error if isinstance(error, PipelineError) else PipelineError(str(error))
