@@ -15,6 +15,7 @@ from torch import nn
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.partition import verify_balance
+from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel
 
 __all__ = ["LayerSource", "Layout", "StageModule", "Tie"]
 
@@ -98,6 +99,29 @@ class Layout:
             if layer in layers:
                 return j
         raise ValueError(f"layer {layer} is not in the model (it has {self.layer_ranges[-1].stop} layers)")
+
+    def channels(self, pipeline_rank: int) -> tuple[list[Channel], list[Channel]]:
+        """``(inbound, outbound)`` channels of a pipeline rank: those of its stages whose
+        neighbour lives on another rank.
+
+        Example:
+            >>> from pipetrain.api.config import PipelineConfig
+            >>> inbound, outbound = Layout.create(PipelineConfig(num_stages=2), num_layers=2).channels(1)
+            >>> [str(c) for c in inbound], [str(c) for c in outbound]
+            (['activations 0->1'], ['gradients 1->0'])
+        """
+        placement = self.stage_to_rank
+        last = len(placement) - 1
+        inbound: list[Channel] = []
+        outbound: list[Channel] = []
+        for j in self.stages_of(pipeline_rank):
+            if j > 0 and placement[j - 1] != pipeline_rank:
+                inbound.append(Channel(ACTIVATION, j - 1, j))
+                outbound.append(Channel(GRADIENT, j, j - 1))
+            if j < last and placement[j + 1] != pipeline_rank:
+                outbound.append(Channel(ACTIVATION, j, j + 1))
+                inbound.append(Channel(GRADIENT, j + 1, j))
+        return inbound, outbound
 
     def stage_ranks(self, *, replica: int) -> tuple[int, ...]:
         """Global rank of every model stage in ``replica`` (the transport's placement)."""

@@ -33,7 +33,6 @@ from pipetrain.runtime.monitor import PeerMonitor
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import SeededRng, is_stochastic, mix_seed
 from pipetrain.runtime.stage import LossFn, StageCompute
-from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel
 from pipetrain.schedule import Action, Schedule, TimedAction, build_schedule, canonical_name
 
 __all__ = ["Pipeline"]
@@ -152,7 +151,7 @@ class Pipeline:
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.optimizers.scalar_device = self._scalar_device
         stage_ranks = self.layout.stage_ranks(replica=self.replica)
-        inbound, outbound = self._channels()
+        inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
             stage_to_rank=stage_ranks,
             inbound=inbound,
@@ -242,20 +241,6 @@ class Pipeline:
                         own.append(p)
             params[j] = own
         return params
-
-    def _channels(self) -> tuple[list[Channel], list[Channel]]:
-        placement = self.layout.stage_to_rank
-        last = len(placement) - 1
-        inbound: list[Channel] = []
-        outbound: list[Channel] = []
-        for j in self.local_stages:
-            if j > 0 and placement[j - 1] != self.pipeline_rank:
-                inbound.append(Channel(ACTIVATION, j - 1, j))
-                outbound.append(Channel(GRADIENT, j, j - 1))
-            if j < last and placement[j + 1] != self.pipeline_rank:
-                outbound.append(Channel(ACTIVATION, j, j + 1))
-                inbound.append(Channel(GRADIENT, j + 1, j))
-        return inbound, outbound
 
     def _start_monitor(self) -> PeerMonitor | None:
         if self.context is None:
