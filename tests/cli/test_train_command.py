@@ -90,3 +90,22 @@ def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> Non
     assert "unknown schedule 'zigzag'" in done.stderr
     assert "none.txt" in done.stderr and "no such file" in done.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_same_entry_point_runs_under_torchrun(tmp_path: Path) -> None:
+    """``torchrun ... -m pipetrain train`` (the multi-machine launch line, on one machine):
+    every worker writes into one run folder, rank 0's, even without --out."""
+    from pipetrain.launch import free_port
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+         "-m", "pipetrain", "train", *SMALL, "--steps", "3", "--eval-every", "0"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs
+    assert (runs[0] / "checkpoint" / ".metadata").exists()
+    assert [s["step"] for s in json.loads((runs[0] / "metrics.json").read_text())["steps"]] == [1, 2, 3]

@@ -10,6 +10,7 @@ step), ``trace.json`` (Chrome trace of the last steps), ``sample.txt`` and the s
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import math
@@ -87,6 +88,10 @@ def train_worker(args: argparse.Namespace) -> int:
     """Train on this rank (called in every worker); 0 on success."""
     context = init_distributed(timeout=args.timeout)
     rank = context.rank
+    if args.out is None:  # under torchrun without --out: every rank takes rank 0's folder
+        chosen = [os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))]
+        dist.broadcast_object_list(chosen, src=0)
+        args.out = chosen[0]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model_config = GPTConfig(context=args.context, num_layers=args.layers, width=args.width,
                              num_heads=args.heads, dropout=args.dropout)
