@@ -245,8 +245,7 @@ class Pipeline:
     def _start_monitor(self) -> PeerMonitor | None:
         if self.context is None:
             return None
-        run = uuid.UUID(int=0) if self.config.world_size == 1 else None
-        namespace = str(run) if run is not None else self._shared_namespace()
+        namespace = self._shared_namespace()
         monitor = PeerMonitor(
             self.context.store,
             rank=self.rank,
