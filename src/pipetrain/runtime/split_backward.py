@@ -28,42 +28,9 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from pipetrain.runtime.gradient_pool import GradientPool
+
 __all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
-
-
-class GradientPool:
-    """Gradient buffers kept from one step to the next.
-
-    After an optimizer step the runtime hands the weights' ``.grad`` tensors back here
-    (and sets ``.grad`` to ``None``, as ``zero_grad()`` does); the first fused
-    accumulation of the next step writes into the kept buffer instead of allocating a
-    fresh one, which on a CPU would page-fault through every byte of it.
-
-    Example:
-        >>> w = torch.nn.Parameter(torch.zeros(2, 2))
-        >>> w.grad = torch.ones(2, 2)
-        >>> pool = GradientPool()
-        >>> pool.release([w])
-        >>> w.grad is None, pool.take(w).shape
-        (True, torch.Size([2, 2]))
-    """
-
-    def __init__(self) -> None:
-        self._kept: dict[int, torch.Tensor] = {}
-
-    def release(self, params: Iterable[torch.Tensor]) -> None:
-        """Keep the ``.grad`` of ``params`` and set it to ``None``."""
-        for param in params:
-            if param.grad is not None:
-                self._kept[id(param)] = param.grad
-                param.grad = None
-
-    def take(self, param: torch.Tensor) -> torch.Tensor | None:
-        """A kept buffer that fits ``param``'s gradient, if any."""
-        buffer = self._kept.pop(id(param), None)
-        if buffer is None or buffer.shape != param.shape or buffer.dtype != param.dtype:
-            return None
-        return buffer
 
 
 @dataclass
@@ -96,6 +63,8 @@ class _Linear:
         if self.weight.grad is None:
             buffer = pool.take(self.weight) if pool is not None else None
             self.weight.grad = g.t().mm(self.x) if buffer is None else torch.mm(g.t(), self.x, out=buffer)
+            if pool is not None:
+                pool.lend(self.weight, self.weight.grad)
         else:
             self.weight.grad.addmm_(g.t(), self.x)
         if self.bias is not None:

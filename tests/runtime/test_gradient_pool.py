@@ -1,0 +1,111 @@
+"""Gradient buffers kept across steps: reused only when nobody else holds them."""
+
+import copy
+import weakref
+
+import torch
+from torch import nn
+
+import pipetrain
+from pipetrain.runtime.gradient_pool import GradientPool
+
+
+def _weight() -> nn.Parameter:
+    return nn.Parameter(torch.zeros(3, 3))
+
+
+def test_a_released_buffer_is_taken_back():
+    w = _weight()
+    w.grad = torch.ones(3, 3)
+    buffer = w.grad
+    pool = GradientPool()
+    pool.release([w])
+    assert w.grad is None
+    assert pool.take(w) is buffer
+    assert pool.take(w) is None  # taken once
+
+
+def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
+    w = _weight()
+    pool = GradientPool()
+    w.grad = torch.ones(3, 3)
+    pointer = w.grad.data_ptr()
+    pool.lend(w, w.grad)
+    w.grad = None
+    taken = pool.take(w)
+    assert taken is not None and taken.data_ptr() == pointer
+
+
+def test_a_lent_buffer_the_user_still_holds_is_left_to_them():
+    w = _weight()
+    pool = GradientPool()
+    w.grad = torch.ones(3, 3)
+    kept = w.grad
+    pool.lend(w, w.grad)
+    w.grad = None
+    assert pool.take(w) is None
+    assert torch.equal(kept, torch.ones(3, 3))
+
+
+def test_a_lent_buffer_whose_memory_a_view_holds_is_left_alone():
+    w = _weight()
+    pool = GradientPool()
+    w.grad = torch.ones(3, 3)
+    view = w.grad.view(9)
+    pool.lend(w, w.grad)
+    w.grad = None
+    assert pool.take(w) is None
+    assert torch.equal(view, torch.ones(9))
+
+
+def test_a_buffer_of_another_shape_is_not_reused():
+    w = _weight()
+    pool = GradientPool()
+    w.grad = torch.ones(3, 3)
+    pool.release([w])
+    w.data = torch.zeros(4, 4)
+    assert pool.take(w) is None
+
+
+def _train(gpipe: nn.Module, x: torch.Tensor, steps: int, keep: list | None = None):
+    """Train ``steps`` steps; the weak references to the first weight's gradient."""
+    weight = gpipe.partitions[0][0].weight
+    grads = []
+    for _ in range(steps):
+        gpipe.zero_grad(set_to_none=True)
+        gpipe(x).square().sum().backward()
+        grads.append(weakref.ref(weight.grad))
+        if keep is not None:
+            keep.append(weight.grad)
+    return grads
+
+
+def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    reference = copy.deepcopy(model)
+    x = torch.randn(6, 8)
+    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
+    grads = _train(gpipe, x, 3)
+    # the same tensor each step (without the pool, zero_grad() would have freed it)
+    assert grads[0]() is not None and grads[0]() is grads[1]() is grads[2]()
+    reference(x).square().sum().backward()
+    for p, q in zip(gpipe.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_gpipe_leaves_gradients_the_user_kept_untouched():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    x = torch.randn(6, 8)
+    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
+    kept: list[torch.Tensor] = []
+    _train(gpipe, x, 1, keep=kept)
+    first = kept[0].clone()
+    with torch.no_grad():
+        for p in gpipe.parameters():
+            p.add_(0.5)  # the next step's gradient differs
+    _train(gpipe, x, 1, keep=kept)
+    assert torch.equal(kept[0], first)
+    assert kept[1].data_ptr() != kept[0].data_ptr()
+    assert not torch.equal(kept[1], first)
