@@ -29,6 +29,7 @@ def _worker_loop(
             torch.cuda.set_device(device)
         if num_threads > 0:
             torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
+            _join_openmp_count()
             torch.set_num_threads(num_threads)
     finally:
         ready.set()
@@ -45,6 +46,22 @@ def _worker_loop(
             future.set_exception(error)
         # the finished task must not outlive its run (it may hold a whole pipeline step)
         del item, future, function
+
+
+def _join_openmp_count() -> None:
+    """Make the OpenMP runtime count this worker among the process's threads.
+
+    GNU OpenMP keeps the threads of a finished parallel region spinning for a while
+    (about 8 ms here) in case another region follows, unless the process has more
+    OpenMP threads than CPUs: then it spins briefly and sleeps. Stage workers compute
+    outside OpenMP's view (one intra-op thread each), so after the caller's 2-thread
+    loss a spinning OpenMP thread would take a core from the stages for milliseconds.
+    Running one 2-thread region here leaves one sleeping OpenMP thread per worker, so the
+    count includes the workers and the runtime spins only as it does on a machine with
+    more threads than cores.
+    """
+    torch.set_num_threads(2)
+    torch.ones(1 << 17).add_(1)  # large enough for an intra-op parallel region
 
 
 class StageWorkers:
@@ -92,6 +109,11 @@ class StageWorkers:
             for event in ready:
                 event.wait()
             torch.set_num_threads(previous)
+
+    @property
+    def thread_ids(self) -> list[int]:
+        """The identifier (``threading.get_ident()``) of each worker's thread."""
+        return [t.ident or 0 for t in self._threads]
 
     def __len__(self) -> int:
         return len(self._threads)
