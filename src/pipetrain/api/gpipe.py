@@ -109,7 +109,12 @@ class GPipe(nn.Module):
             (faster; see :mod:`pipetrain.runtime.split_backward`). Turn it off when
             something must see autograd accumulate them (hooks registered on the
             gradient accumulators, e.g. by DDP wrapping this module).
-        timeout: seconds a stage waits for its neighbour before giving up.
+        recompute_ahead: for partitions on the CPU, how many re-materialized
+            micro-batches a partition may hold beyond torchgpipe's peak so that idle
+            workers can rebuild them before the partition's backward needs them (see
+            :mod:`pipetrain.runtime.shared_recompute`). ``0`` keeps torchgpipe's peak
+            activation memory exactly; idle workers then help only when a partition
+            holds no graph at all.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, partition, micro-batch), so a recomputation repeats
@@ -138,10 +143,18 @@ class GPipe(nn.Module):
         deferred_batch_norm: bool = False,
         timeout: float = 300.0,
         fuse_weight_gradients: bool = True,
+        recompute_ahead: int = 1,
     ) -> None:
         super().__init__()
         verify_module(module)
         verify_skippables(module)
+        if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
+                or recompute_ahead < 0:
+            raise ValueError(
+                f"recompute_ahead must be a non-negative integer, got {recompute_ahead!r}; "
+                "fix: recompute_ahead=1 (the default) lets idle workers rebuild one "
+                "micro-batch ahead, recompute_ahead=0 keeps torchgpipe's peak memory"
+            )
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ValueError(
                 f"chunks must be a positive integer, got {chunks!r}; fix: chunks=4 splits "
@@ -163,6 +176,7 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.fuse_weight_gradients = fuse_weight_gradients
+        self.recompute_ahead = recompute_ahead
         self.timeout = timeout
         partitions = split_module(module, balance_list)
         for partition, device in zip(partitions, device_list):
@@ -228,7 +242,8 @@ class GPipe(nn.Module):
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
             weakref.finalize(self, workers.close)
-            self._local = LocalPipeline(executors, workers, transport, rng=rng)
+            self._local = LocalPipeline(executors, workers, transport, rng=rng,
+                                        recompute_ahead=self.recompute_ahead)
         return self._local
 
     def forward(self, input: Any) -> Any:

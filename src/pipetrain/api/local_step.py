@@ -21,6 +21,7 @@ from pipetrain.api.random_streams import KEY_STRIDE, SessionRng
 from pipetrain.microbatch import merge_batches
 from pipetrain.nested import flatten, iter_tensors, unflatten
 from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Action, Op, Schedule
@@ -60,20 +61,38 @@ class LocalPipeline:
     """Executors of every stage of a single-process pipeline, on persistent workers."""
 
     def __init__(self, executors: Sequence[RankExecutor], workers: StageWorkers,
-                 transport: ThreadTransport, *, rng: SessionRng | None = None) -> None:
+                 transport: ThreadTransport, *, rng: SessionRng | None = None,
+                 recompute_ahead: int | None = 1) -> None:
         self.executors = list(executors)
         self.workers = workers
         self.transport = transport
         self.rng = rng
         """the stages' random streams (None: stages draw from torch's generators as is)"""
         self._sessions = itertools.count()
+        self.sharing: RecomputeSharing | None = None
+        """idle CPU workers rebuild CPU stages' checkpointed micro-batches in backward,
+        while a stage holds at most ``1 + recompute_ahead`` graphs (None: each stage
+        recomputes its own)"""
+        on_cpu = [j for j, e in enumerate(self.executors)
+                  if all(s.device.type == "cpu" for s in e.stages.values())]
+        if recompute_ahead is not None and len(on_cpu) >= 2:
+            stages = [s for j in on_cpu for s in self.executors[j].stages.values()]
+            self.sharing = RecomputeSharing(
+                stages, transport.mailbox.condition, timeout=transport.timeout,
+                helpers=[workers.thread_ids[j] for j in on_cpu], limit=1 + recompute_ahead,
+            )
+            for stage in stages:
+                stage.sharing = self.sharing
+            transport.idle = self.sharing.help
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
-             grad: bool, then: dict[int, Callable[[], None]] | None = None) -> None:
+             grad: bool, then: dict[int, Callable[[], None]] | None = None,
+             sharing: RecomputeSharing | None = None) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
-        stages are using)."""
+        stages are using). With ``sharing``, a worker whose task is done helps the others
+        with their recomputations until every task is done."""
         then = then or {}
 
         def task(j: int, executor: RankExecutor, acts: Sequence[Action], io: StepIO) -> Any:
@@ -81,20 +100,34 @@ class LocalPipeline:
                 return None
 
             def work() -> None:
-                if acts:
-                    _run_with_grad(executor, acts, io, grad)
-                if j in then:
-                    then[j]()
+                try:
+                    if acts:
+                        _run_with_grad(executor, acts, io, grad)
+                    if j in then:
+                        then[j]()
+                finally:
+                    if sharing is not None:
+                        sharing.task_done()
+                if sharing is not None:
+                    sharing.help_until_done(lambda: self.transport.mailbox.error)
             return work
 
+        tasks = [task(j, e, a, io)
+                 for j, (e, a, io) in enumerate(zip(self.executors, actions, ios))]
+        if sharing is not None:
+            sharing.open(ios[0].key_offset, ios[0].key_offset + KEY_STRIDE,
+                         tasks=sum(t is not None for t in tasks))
         try:
-            self.workers.run([task(j, e, a, io)
-                              for j, (e, a, io) in enumerate(zip(self.executors, actions, ios))])
+            self.workers.run(tasks)
         except BaseException:
+            if sharing is not None:
+                sharing.close()
             for executor in self.executors:
                 executor.reset()
             self.transport.mailbox.clear()
             raise
+        if sharing is not None:
+            sharing.close()
 
     def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
         """Run a forward-only schedule without autograd; the merged output."""
@@ -198,7 +231,8 @@ class LocalPipeline:
                 merged.append(_merge_grad(pieces, shape, sizes))
 
         try:
-            self._run(session.backward_actions, ios, grad=True, then={0: merge})
+            self._run(session.backward_actions, ios, grad=True, then={0: merge},
+                      sharing=self.sharing)
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)

@@ -32,6 +32,7 @@ from torch import nn
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.runtime.rng import SeededRng
+from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.runtime.split_backward import (
     GradientPool,
     WeightGradient,
@@ -101,8 +102,12 @@ class StageCompute:
         """Gradient buffers of this stage kept across optimizer steps (see
         :meth:`release_gradients`)."""
         self.params = [p for p in module.parameters() if p.requires_grad]
+        self.sharing: RecomputeSharing | None = None
+        """Set by a single-process pipeline: lets idle workers of other stages run this
+        stage's recomputations (see :mod:`.shared_recompute`)."""
         self._in_flight: dict[int, _InFlight] = {}
         self._weight: dict[int, WeightGradient] = {}
+        self._in_backward = 0
 
     # -- forward ----------------------------------------------------------------------
     def _call(self, microbatch: int, value: Any, skips: dict[SkipKey, Any]) -> Any:
@@ -179,7 +184,28 @@ class StageCompute:
         return output, loss
 
     def recompute(self, microbatch: int) -> None:
-        """Rebuild the graph of a checkpointed micro-batch (no-op otherwise)."""
+        """Rebuild the graph of a checkpointed micro-batch (no-op otherwise), or wait for
+        the worker that is rebuilding it (:attr:`sharing`)."""
+        state = self._in_flight.get(microbatch)
+        if state is None or state.replay is None:
+            return
+        if self.sharing is not None and self.sharing.active:
+            self.sharing.recompute(self, microbatch)
+        else:
+            self.rebuild(microbatch)
+
+    def graphs_held(self) -> int:
+        """Micro-batches whose autograd graph this stage holds: kept from forward or
+        rebuilt, in backward, or waiting for their weight half."""
+        kept = sum(1 for state in list(self._in_flight.values()) if state.replay is None)
+        return kept + self._in_backward + len(self._weight)
+
+    def pending_recomputations(self) -> list[int]:
+        """Keys of the checkpointed micro-batches whose graph is not rebuilt yet."""
+        return [k for k, state in list(self._in_flight.items()) if state.replay is not None]
+
+    def rebuild(self, microbatch: int) -> None:
+        """Recompute a checkpointed micro-batch's forward with autograd (any thread)."""
         state = self._in_flight.get(microbatch)
         if state is None or state.replay is None:
             return
@@ -227,15 +253,21 @@ class StageCompute:
         """Full backward of a micro-batch: weight gradients accumulate into ``.grad``;
         returns the gradients of the received tensors that require grad."""
         self.recompute(microbatch)
-        state = self._take(microbatch)
-        tensors, grad_tensors = self._targets(state, grads)
-        if not tensors:
-            return [None] * len(state.inputs)
-        if self.fuse:
-            return fused_backward(tensors, grad_tensors, state.inputs, self.params,
-                                  pool=self.gradient_pool)
-        torch.autograd.backward(tensors, grad_tensors)
-        return [leaf.grad for leaf in state.inputs]
+        self._in_backward += 1  # before the take: a helper never sees one graph too few
+        try:
+            state = self._take(microbatch)
+            tensors, grad_tensors = self._targets(state, grads)
+            if not tensors:
+                return [None] * len(state.inputs)
+            if self.fuse:
+                return fused_backward(tensors, grad_tensors, state.inputs, self.params,
+                                      pool=self.gradient_pool)
+            torch.autograd.backward(tensors, grad_tensors)
+            return [leaf.grad for leaf in state.inputs]
+        finally:
+            self._in_backward -= 1
+            if self.sharing is not None:
+                self.sharing.freed()
 
     def backward_input(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
@@ -243,13 +275,19 @@ class StageCompute:
         """Input-gradient half of the backward; the weight half waits for
         :meth:`backward_weight`."""
         self.recompute(microbatch)
-        state = self._take(microbatch)
-        tensors, grad_tensors = self._targets(state, grads)
-        input_grads, weight = backward_input(
-            tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse,
-            pool=self.gradient_pool,
-        )
-        self._weight[microbatch] = weight
+        self._in_backward += 1
+        try:
+            state = self._take(microbatch)
+            tensors, grad_tensors = self._targets(state, grads)
+            input_grads, weight = backward_input(
+                tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse,
+                pool=self.gradient_pool,
+            )
+            self._weight[microbatch] = weight
+        finally:
+            self._in_backward -= 1
+            if self.sharing is not None:
+                self.sharing.freed()
         return input_grads
 
     def backward_weight(self, microbatch: int) -> None:
@@ -262,6 +300,8 @@ class StageCompute:
                 "before its input backward"
             ) from None
         weight.run()
+        if self.sharing is not None:
+            self.sharing.freed()
 
     def release_gradients(self) -> None:
         """Set the stage's ``.grad`` to ``None`` (as ``zero_grad()`` does), keeping the

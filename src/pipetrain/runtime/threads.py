@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pipetrain.runtime.transport import Channel, Mailbox, handoff
@@ -29,12 +30,15 @@ class ThreadTransport:
     def __init__(self, *, timeout: float) -> None:
         self.mailbox = Mailbox()
         self.timeout = timeout
+        self.idle: Callable[[], bool] | None = None
+        """Work a receiver may do while its message is not there yet (see
+        :meth:`Mailbox.get`); set by a pipeline that shares recomputation."""
 
     def send(self, channel: Channel, microbatch: int, value: Any) -> None:
         self.mailbox.put(channel, microbatch, handoff(value))
 
     def recv(self, channel: Channel, microbatch: int) -> Any:
-        return self.mailbox.get(channel, microbatch, timeout=self.timeout)
+        return self.mailbox.get(channel, microbatch, timeout=self.timeout, idle=self.idle)
 
     def expect(self, channel: Channel, count: int) -> None:
         return None

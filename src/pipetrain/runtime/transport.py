@@ -125,6 +125,11 @@ class Mailbox:
             self._cond.notify_all()
 
     @property
+    def condition(self) -> threading.Condition:
+        """The lock (and condition) guarding the slots; notified on every change."""
+        return self._cond
+
+    @property
     def error(self) -> BaseException | None:
         """The recorded failure, if any."""
         return self._error
@@ -137,11 +142,14 @@ class Mailbox:
         timeout: float,
         check: Callable[[], None] | None = None,
         poll: float = 1.0,
+        idle: Callable[[], bool] | None = None,
     ) -> Any:
         """Take the oldest value of the key, waiting up to ``timeout`` seconds.
 
         ``check`` runs every ``poll`` seconds while waiting (a health check that raises
-        when a peer died).
+        when a peer died). ``idle`` runs, with :attr:`condition` held, whenever the value
+        is not there yet: it may do other work (releasing the lock meanwhile) and returns
+        whether it did; it is called again until it does nothing, then the wait begins.
         """
         key = (channel, microbatch)
         deadline = time.monotonic() + timeout
@@ -163,6 +171,8 @@ class Mailbox:
                         f"{channel.dst_stage}; the sending stage is stuck or much slower. "
                         "Raise the timeout (PipelineConfig(timeout=...)) if this is expected."
                     )
+                if idle is not None and idle():
+                    continue
                 self._cond.wait(min(poll, remaining))
                 if check is not None:
                     self._cond.release()
