@@ -1,4 +1,4 @@
-"""Benchmark: pipetrain.GPipe against torchgpipe.GPipe and plain nn.Sequential, one process.
+"""Benchmark: pipetrain.GPipe against torchgpipe.GPipe and plain nn.Sequential.
 
 Measures the wall time of a training step (forward, ``loss.backward()``, ``zero_grad``)
 of the SAME model (identical initial weights) on the SAME batch, three ways:
@@ -9,6 +9,12 @@ of the SAME model (identical initial weights) on the SAME batch, three ways:
   mode, ``devices=['cpu'] * len(balance)`` (it runs the partitions of one device on one
   thread);
 - ``plain``: the ``nn.Sequential`` itself (no micro-batches, no recomputation).
+
+Each of the three runs in its own process, as its users would run it: pipetrain's stage
+workers change process-wide state (they make GNU OpenMP count them, which shortens how
+long its idle threads spin, see ``pipetrain.runtime.workers``), and that would slow the
+other two down if they shared the process. The parent checks that the three compute the
+same output and interleaves their timing.
 
 The default model is ``depth`` x [Linear(width, width) + ReLU] (each pair one child),
 batch 256, balance [4, 4], 4 chunks, checkpoint ``except_last``. After a warm-up, the
@@ -36,19 +42,18 @@ run, not absolute figures across machines.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import torch
 from torch import nn
-
-import pipetrain
 
 NAMES = ("pipetrain", "torchgpipe", "plain")
 
@@ -101,6 +106,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def build(name: str, args: argparse.Namespace) -> nn.Module:
+    """The model ``name`` times: the same weights for all three."""
+    base = build_model(args.width, args.depth, args.seed)
+    devices = ["cpu"] * len(args.balance)
+    if name == "pipetrain":
+        import pipetrain
+
+        return pipetrain.GPipe(base, args.balance, devices=devices, chunks=args.chunks,
+                               checkpoint=args.checkpoint)
+    if name == "torchgpipe":
+        import torchgpipe
+
+        return torchgpipe.GPipe(base, args.balance, devices=devices, chunks=args.chunks,
+                                checkpoint=args.checkpoint)
+    return base
+
+
+def child(name: str, args: argparse.Namespace, conn: Connection) -> None:
+    """One implementation in its own process: report its output, then time steps on demand."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model = build(name, args)
+    torch.manual_seed(args.seed + 1)
+    batch = torch.randn(args.batch, args.width)
+    seen: list[int] = []
+    hooks = [layer.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+             for layer in model.modules() if isinstance(layer, nn.Linear)]
+    with torch.no_grad():
+        output = model(batch)
+    for hook in hooks:
+        hook.remove()
+    conn.send((output, sorted(set(seen)), torch.get_num_threads()))
+    step = make_step(model, batch)
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        untimed, timed = request
+        for _ in range(untimed):
+            step()
+        times = []
+        for _ in range(timed):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        conn.send(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -108,52 +161,56 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("torchgpipe is not installed; fix: pip install torchgpipe==0.0.7", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    context = mp.get_context("spawn")
+    conns: dict[str, Connection] = {}
+    processes = []
+    for name in NAMES:
+        parent_end, child_end = context.Pipe()
+        process = context.Process(target=child, args=(name, args, child_end), daemon=True)
+        process.start()
+        conns[name] = parent_end
+        processes.append(process)
+    try:
+        return _coordinate(args, conns, torchgpipe.__version__)
+    finally:
+        for conn in conns.values():
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
 
-    base = build_model(args.width, args.depth, args.seed)
-    devices = ["cpu"] * len(args.balance)
-    models: dict[str, nn.Module] = {
-        "pipetrain": pipetrain.GPipe(copy.deepcopy(base), args.balance, devices=devices,
-                                     chunks=args.chunks, checkpoint=args.checkpoint),
-        "torchgpipe": torchgpipe.GPipe(copy.deepcopy(base), args.balance, devices=devices,
-                                       chunks=args.chunks, checkpoint=args.checkpoint),
-        "plain": copy.deepcopy(base),
-    }
-    torch.manual_seed(args.seed + 1)
-    batch = torch.randn(args.batch, args.width)
 
+def _coordinate(args: argparse.Namespace, conns: dict[str, Connection],
+                torchgpipe_version: str) -> int:
     # the three compute the same function of the same weights; record the intra-op
     # thread counts their layers run with
     threads_seen: dict[str, list[int]] = {}
-    with torch.no_grad():
-        reference = models["plain"](batch)
-        for name in NAMES:
-            seen: list[int] = []
-            hooks = [layer.register_forward_hook(lambda *_, seen=seen: seen.append(torch.get_num_threads()))
-                     for layer in models[name].modules() if isinstance(layer, nn.Linear)]
-            diff = (models[name](batch) - reference).abs().max().item()
-            for hook in hooks:
-                hook.remove()
-            threads_seen[name] = sorted(set(seen))
-            if diff > 1e-4 * max(1.0, reference.abs().max().item()):
-                print(f"{name} output differs from plain by {diff:.3g}", file=sys.stderr)
-                return 1
+    torch_threads = 0
+    outputs = {}
+    for name in NAMES:
+        outputs[name], threads_seen[name], torch_threads = conns[name].recv()
+    reference = outputs["plain"]
+    for name in NAMES:
+        diff = (outputs[name] - reference).abs().max().item()
+        if diff > 1e-4 * max(1.0, reference.abs().max().item()):
+            print(f"{name} output differs from plain by {diff:.3g}", file=sys.stderr)
+            return 1
 
-    steps = {name: make_step(model, batch) for name, model in models.items()}
-    for _ in range(args.warmup):
-        for name in NAMES:
-            steps[name]()
+    for name in NAMES:
+        conns[name].send((args.warmup, 0))
+        conns[name].recv()
     times: dict[str, list[float]] = {name: [] for name in NAMES}
     num_rounds = -(-args.repetitions // args.block)
     for r in range(num_rounds):
         for k in range(len(NAMES)):
             name = NAMES[(r + k) % len(NAMES)]
-            steps[name]()  # untimed: the previous implementation's threads settle
-            for _ in range(min(args.block, args.repetitions - r * args.block)):
-                start = time.perf_counter()
-                steps[name]()
-                times[name].append(time.perf_counter() - start)
+            # one untimed step first: the previous implementation's threads settle
+            conns[name].send((1, min(args.block, args.repetitions - r * args.block)))
+            times[name].extend(conns[name].recv())
 
     medians = {name: statistics.median(times[name]) for name in NAMES}
     quartiles = {name: statistics.quantiles(times[name], n=4) if len(times[name]) > 1
@@ -166,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             "chunks": args.chunks, "balance": args.balance, "checkpoint": args.checkpoint,
             "repetitions": args.repetitions, "warmup": args.warmup,
             "block": args.block,
-            "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "torch_threads": torch_threads, "cpus": os.cpu_count(),
+            "processes": "one per implementation",
             "intra_op_threads_in_layers": threads_seen,
-            "torch": torch.__version__, "torchgpipe": torchgpipe.__version__,
+            "torch": torch.__version__, "torchgpipe": torchgpipe_version,
             "python": platform.python_version(),
         },
         "median_step_ms": {name: medians[name] * 1e3 for name in NAMES},
