@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="consecutive timed steps of one implementation per turn")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--recompute-ahead", type=int, default=None,
+                        help="pipetrain.GPipe's recompute_ahead (default: its default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
@@ -113,8 +115,9 @@ def build(name: str, args: argparse.Namespace) -> nn.Module:
     if name == "pipetrain":
         import pipetrain
 
+        options = {} if args.recompute_ahead is None else {"recompute_ahead": args.recompute_ahead}
         return pipetrain.GPipe(base, args.balance, devices=devices, chunks=args.chunks,
-                               checkpoint=args.checkpoint)
+                               checkpoint=args.checkpoint, **options)
     if name == "torchgpipe":
         import torchgpipe
 

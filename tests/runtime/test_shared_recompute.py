@@ -211,3 +211,77 @@ def test_gpipe_recompute_ahead_must_be_a_non_negative_integer():
         with pytest.raises(ValueError, match=f"recompute_ahead must be a non-negative integer, got {bad!r}"):
             pipetrain.GPipe(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), [1, 1],
                             recompute_ahead=bad)
+
+
+def _wait_for(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
+def test_a_waiting_worker_starts_rebuilding_while_the_caller_computes_its_loss():
+    torch.manual_seed(0)
+    first, last = Recorded(), Recorded()
+    model = nn.Sequential(first, last)
+    reference = copy.deepcopy(model)
+    x = torch.randn(8, 4)
+    gpipe = pipetrain.GPipe(model, [1, 1], devices=["cpu", "cpu"], chunks=4,
+                            checkpoint="always")
+    for _ in range(3):  # the first calls watch the partitions' random draws
+        gpipe.zero_grad()
+        gpipe(x).sum().backward()
+    first.recomputed.clear()
+    last.recomputed.clear()
+    gpipe.zero_grad()
+    out = gpipe(x)
+    # no backward yet: worker 0 (whose backward starts by waiting) rebuilds meanwhile
+    assert _wait_for(lambda: "pipetrain-stage-0" in first.recomputed + last.recomputed)
+    out.square().sum().backward()
+    assert len(first.recomputed) == len(last.recomputed) == 4  # each rebuilt once
+    reference(x).square().sum().backward()
+    for p, q in zip(gpipe.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+class Noisy(Recorded):
+    def forward(self, x):
+        return nn.functional.dropout(super().forward(x), 0.5, self.training)
+
+
+def test_partitions_that_draw_random_numbers_are_not_rebuilt_beside_the_callers_code():
+    """A seeded partition sets torch's process-wide generator while it runs: rebuilding
+    it while the caller computes its loss could disturb the caller's draws."""
+    noisy, plain = Noisy(), Recorded()
+    gpipe = pipetrain.GPipe(nn.Sequential(noisy, plain), [1, 1], devices=["cpu", "cpu"],
+                            chunks=4, checkpoint="always")
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        gpipe(x).sum().backward()
+    noisy.recomputed.clear()
+    torch.manual_seed(5)
+    out = gpipe(x)
+    time.sleep(0.2)
+    drawn = torch.rand(3)  # the caller's own draws, as in a loss with noise
+    assert noisy.recomputed == []
+    out.sum().backward()
+    assert len(noisy.recomputed) == 4
+    torch.manual_seed(5)
+    gpipe(x)  # a forward draws one seed from the caller's generator, like this call did
+    assert torch.equal(torch.rand(3), drawn)
+
+
+def test_a_second_forward_before_backward_and_a_dropped_output_are_safe():
+    torch.manual_seed(0)
+    model = nn.Sequential(Recorded(), Recorded(), Recorded())
+    reference = copy.deepcopy(model)
+    gpipe = pipetrain.GPipe(model, [1, 1, 1], devices=["cpu"] * 3, chunks=4,
+                            checkpoint="always")
+    x1, x2 = torch.randn(8, 4), torch.randn(8, 4)
+    dropped = gpipe(torch.randn(8, 4))  # never backwarded
+    del dropped
+    loss = gpipe(x1).square().sum() + gpipe(x2).sum()
+    loss.backward()
+    (reference(x1).square().sum() + reference(x2).sum()).backward()
+    for p, q in zip(gpipe.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)

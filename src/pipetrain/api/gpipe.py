@@ -241,9 +241,9 @@ class GPipe(nn.Module):
                                  transport=transport)
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
-            weakref.finalize(self, workers.close)
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
                                         recompute_ahead=self.recompute_ahead)
+            weakref.finalize(self, self._local.close)
         return self._local
 
     def forward(self, input: Any) -> Any:

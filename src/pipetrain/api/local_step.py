@@ -9,6 +9,7 @@ gradients of the caller's inputs come back. Parameter gradients accumulate into
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -75,6 +76,7 @@ class LocalPipeline:
         recomputes its own)"""
         on_cpu = [j for j, e in enumerate(self.executors)
                   if all(s.device.type == "cpu" for s in e.stages.values())]
+        self._on_cpu = on_cpu
         if recompute_ahead is not None and len(on_cpu) >= 2:
             stages = [s for j in on_cpu for s in self.executors[j].stages.values()]
             self.sharing = RecomputeSharing(
@@ -87,13 +89,18 @@ class LocalPipeline:
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,
-             sharing: RecomputeSharing | None = None) -> None:
+             sharing: RecomputeSharing | None = None,
+             speculators: Sequence[int] = (), generation: int = 0) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
         stages are using). With ``sharing``, a worker whose task is done helps the others
-        with their recomputations until every task is done."""
+        with their recomputations until every task is done. Workers ``speculators`` go on
+        rebuilding checkpointed micro-batches after their task (without this call
+        waiting for them) until speculation number ``generation`` ends (the backward
+        begins, or another forward)."""
         then = then or {}
+        speculation = self.sharing if speculators else None
 
         def task(j: int, executor: RankExecutor, acts: Sequence[Action], io: StepIO) -> Any:
             if not acts and j not in then:
@@ -110,6 +117,12 @@ class LocalPipeline:
                         sharing.task_done()
                 if sharing is not None:
                     sharing.help_until_done(lambda: self.transport.mailbox.error)
+                if speculation is not None:
+                    for stage in executor.stages.values():
+                        speculation.forward_done(stage)
+                    if j in speculators:
+                        self.workers.submit(
+                            j, functools.partial(speculation.help_while_speculating, generation))
             return work
 
         tasks = [task(j, e, a, io)
@@ -129,8 +142,16 @@ class LocalPipeline:
         if sharing is not None:
             sharing.close()
 
+    def close(self) -> None:
+        """End any recomputation in progress and stop the workers."""
+        if self.sharing is not None:
+            self.sharing.close()
+        self.workers.close()
+
     def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
         """Run a forward-only schedule without autograd; the merged output."""
+        if self.sharing is not None:
+            self.sharing.close()  # no rebuild of an earlier call may run beside the stages
         offset = self._next_offset()
         ios = self._ios(len(self.executors), batches, key_offset=offset, checkpointed=range(0))
         if self.rng is not None:
@@ -151,6 +172,8 @@ class LocalPipeline:
         Micro-batches ``i in checkpointed`` (a range) are re-materialized in backward.
         """
         phases = [split_phases(acts) for acts in schedule.actions]
+        if self.sharing is not None:
+            self.sharing.close()  # no rebuild of an earlier call may run beside the stages
         offset = self._next_offset()
         ios = self._ios(len(self.executors), batches, key_offset=offset,
                         checkpointed=checkpointed)
@@ -191,8 +214,14 @@ class LocalPipeline:
             ]
             session.leaves = leaves
 
+        speculators = self._speculators(session)
+        generation = 0
+        if self.sharing is not None and speculators:
+            low = ios[0].key_offset
+            generation = self.sharing.speculate(low, low + KEY_STRIDE)
         try:
-            self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge})
+            self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge},
+                      speculators=speculators, generation=generation)
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
@@ -240,6 +269,14 @@ class LocalPipeline:
             io.input_grads.clear()
             io.outputs.clear()
         return merged
+
+    def _speculators(self, session: _Session) -> list[int]:
+        """The CPU workers whose backward starts by waiting for a gradient: they rebuild
+        checkpointed micro-batches from the end of their forward phase on."""
+        if self.sharing is None:
+            return []
+        return [j for j in self._on_cpu if session.backward_actions[j]
+                and session.backward_actions[j][0].op is Op.RECV_BACKWARD]
 
     def _next_offset(self) -> int:
         """The key offset of a new forward call (its micro-batches' keys start there)."""

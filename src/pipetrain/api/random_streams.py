@@ -117,6 +117,9 @@ class SessionRng(SeededRng):
         """Forget the seed of a finished forward call."""
         self._seeds.pop(key_offset, None)
 
+    def touches_generators(self, stage: int) -> bool:
+        return stage not in self.quiet
+
     @contextlib.contextmanager
     def scope(self, *, stage: int, microbatch: int, device: torch.device) -> Iterator[None]:
         """Run a forward (or recomputation) of ``stage`` on micro-batch key ``microbatch``."""

@@ -97,6 +97,11 @@ class SeededRng:
         """Draw the next step seed from the global generator (call from the main thread)."""
         self.step_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
 
+    def touches_generators(self, stage: int) -> bool:
+        """Whether :meth:`scope` seeds (and restores) torch's generators for ``stage``:
+        it must then not run beside other code that draws from them."""
+        return True
+
     @contextlib.contextmanager
     def scope(self, *, stage: int, microbatch: int, device: torch.device) -> Iterator[None]:
         """Run the block alone, with the generators seeded for this stage and micro-batch."""

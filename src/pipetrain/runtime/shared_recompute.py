@@ -85,24 +85,71 @@ class RecomputeSharing:
         self._books: dict[int, _StageBook] = {id(s): _StageBook() for s in self.stages}
         self._range: tuple[int, int] | None = None
         self._running = 0
+        self._speculating = False
+        self._generation = 0
+        """counts speculations: a helper of an earlier one must stop (its worker has
+        the next forward queued behind it)"""
+        self._ready: set[int] | None = None
+        """while speculating: the stages whose forward phase is done (None: all)"""
         self.helped = 0
         """recomputations run by a thread other than their stage's owner (statistics)"""
 
     # -- the run ----------------------------------------------------------------------
     def open(self, low: int, high: int, *, tasks: int = 0) -> None:
         """Share the recomputation of micro-batch keys in ``[low, high)``; ``tasks`` is
-        the number of worker tasks of the run (see :meth:`task_done`)."""
+        the number of worker tasks of the run (see :meth:`task_done`). Ends a
+        speculation on the same keys, keeping its claims."""
         with self.cond:
+            if self._range != (low, high):
+                for book in self._books.values():
+                    book.clear()
             self._range = (low, high)
             self._running = tasks
-            for book in self._books.values():
-                book.clear()
+            self._speculating = False
+            self._ready = None
+            self.cond.notify_all()
+
+    def speculate(self, low: int, high: int) -> int:
+        """From a forward phase to its backward: workers that run
+        :meth:`help_while_speculating` may start on keys ``[low, high)`` early, on the
+        stages whose forward phase is done (:meth:`forward_done`; a stage's layers never
+        run in two threads at once). :meth:`open` or :meth:`close` ends it. Returns the
+        speculation's number, for :meth:`help_while_speculating`."""
+        self.open(low, high)
+        with self.cond:
+            self._speculating = True
+            self._ready = set()
+            self._generation += 1
+            return self._generation
+
+    def forward_done(self, stage: StageCompute) -> None:
+        """``stage`` ran its forward phase: its graphs may be rebuilt now."""
+        with self.cond:
+            if self._ready is not None:
+                self._ready.add(id(stage))
+                self.cond.notify_all()
+
+    def help_while_speculating(self, generation: int) -> None:
+        """Help until speculation number ``generation`` ends, or nothing is left that
+        could be rebuilt."""
+        deadline = time.monotonic() + self.timeout
+        with self.cond:
+            while (self._speculating and self._generation == generation
+                   and time.monotonic() < deadline):
+                if self.help():
+                    continue
+                if not any(self._unclaimed(stage) for stage in self.stages
+                           if not stage.touches_generators):
+                    return  # all rebuilt or claimed (or the forward's output was dropped)
+                self.cond.wait(1.0)
 
     def close(self) -> None:
         """Stop sharing (the run ended, or failed); waits for recomputations in progress."""
         deadline = time.monotonic() + self.timeout
         with self.cond:
             self._range = None
+            self._speculating = False
+            self._ready = None
             while any(book.claimed - book.done for book in self._books.values()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -131,15 +178,25 @@ class RecomputeSharing:
                     self.cond.wait(1.0)
 
     # -- helping ----------------------------------------------------------------------
-    def _candidate(self) -> tuple[StageCompute, int] | None:
+    def _unclaimed(self, stage: StageCompute) -> list[int]:
+        """The stage's checkpointed keys of the run that nobody rebuilt or claimed."""
         assert self._range is not None
         low, high = self._range
+        book = self._books[id(stage)]
+        return sorted(k for k in stage.pending_recomputations()
+                      if low <= k < high and k not in book.claimed)
+
+    def _candidate(self) -> tuple[StageCompute, int] | None:
         for stage in self.stages:
+            # while speculating, the caller's thread runs its own code (its loss), which
+            # may draw from torch's generators: leave the stages that seed them alone
+            if self._ready is not None and (id(stage) not in self._ready
+                                            or stage.touches_generators):
+                continue
             book = self._books[id(stage)]
             if stage.graphs_held() + len(book.claimed - book.done) >= self.limit:
                 continue
-            keys = sorted(k for k in stage.pending_recomputations()
-                          if low <= k < high and k not in book.claimed)
+            keys = self._unclaimed(stage)
             if keys:  # the earliest: the next one the stage's backward needs
                 return stage, keys[0]
         return None

@@ -200,6 +200,11 @@ class StageCompute:
         kept = sum(1 for state in list(self._in_flight.values()) if state.replay is None)
         return kept + self._in_backward + len(self._weight)
 
+    @property
+    def touches_generators(self) -> bool:
+        """Whether this stage's forward seeds torch's (process-wide) generators."""
+        return self.rng is not None and self.rng.touches_generators(self.stage_index)
+
     def pending_recomputations(self) -> list[int]:
         """Keys of the checkpointed micro-batches whose graph is not rebuilt yet."""
         return [k for k, state in list(self._in_flight.items()) if state.replay is not None]

@@ -156,6 +156,11 @@ class StageWorkers:
             raise first
         return results
 
+    def submit(self, j: int, task: Callable[[], Any]) -> None:
+        """Queue ``task`` on worker ``j`` without waiting for it (its result and any
+        error are dropped); tasks given to :meth:`run` later run after it."""
+        self._queues[j].put((Future(), task))
+
     def close(self) -> None:
         """Stop the threads (after their current task)."""
         for q in self._queues:
