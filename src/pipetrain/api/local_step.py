@@ -74,14 +74,14 @@ class LocalPipeline:
         """idle CPU workers rebuild CPU stages' checkpointed micro-batches in backward,
         while a stage holds at most ``1 + recompute_ahead`` graphs (None: each stage
         recomputes its own)"""
-        on_cpu = [j for j, e in enumerate(self.executors)
-                  if all(s.device.type == "cpu" for s in e.stages.values())]
-        self._on_cpu = on_cpu
-        if recompute_ahead is not None and len(on_cpu) >= 2:
-            stages = [s for j in on_cpu for s in self.executors[j].stages.values()]
+        self._on_cpu = [j for j, e in enumerate(self.executors)
+                        if all(s.device.type == "cpu" for s in e.stages.values())]
+        if recompute_ahead is not None and len(self._on_cpu) >= 2:
+            stages = [s for j in self._on_cpu for s in self.executors[j].stages.values()]
             self.sharing = RecomputeSharing(
                 stages, transport.mailbox.condition, timeout=transport.timeout,
-                helpers=[workers.thread_ids[j] for j in on_cpu], limit=1 + recompute_ahead,
+                helpers=[workers.thread_ids[j] for j in self._on_cpu],
+                limit=1 + recompute_ahead,
             )
             for stage in stages:
                 stage.sharing = self.sharing
@@ -144,14 +144,18 @@ class LocalPipeline:
 
     def close(self) -> None:
         """End any recomputation in progress and stop the workers."""
+        self._stop_sharing()
+        self.workers.close()
+
+    def _stop_sharing(self) -> None:
+        """End the sharing of an earlier call, once its rebuilds in progress are done
+        (none may run beside the stages' next forward)."""
         if self.sharing is not None:
             self.sharing.close()
-        self.workers.close()
 
     def forward_only(self, schedule: Schedule, batches: list[Any]) -> Any:
         """Run a forward-only schedule without autograd; the merged output."""
-        if self.sharing is not None:
-            self.sharing.close()  # no rebuild of an earlier call may run beside the stages
+        self._stop_sharing()
         offset = self._next_offset()
         ios = self._ios(len(self.executors), batches, key_offset=offset, checkpointed=range(0))
         if self.rng is not None:
@@ -172,8 +176,7 @@ class LocalPipeline:
         Micro-batches ``i in checkpointed`` (a range) are re-materialized in backward.
         """
         phases = [split_phases(acts) for acts in schedule.actions]
-        if self.sharing is not None:
-            self.sharing.close()  # no rebuild of an earlier call may run beside the stages
+        self._stop_sharing()
         offset = self._next_offset()
         ios = self._ios(len(self.executors), batches, key_offset=offset,
                         checkpointed=checkpointed)

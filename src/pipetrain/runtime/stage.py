@@ -22,7 +22,7 @@ The message between stages ``j`` and ``j + 1`` is the stage output itself, or
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,16 +252,28 @@ class StageCompute:
                 f"{sorted(self._in_flight)}"
             ) from None
 
+    @contextlib.contextmanager
+    def _backward_of(
+        self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
+    ) -> Iterator[tuple[_InFlight, list[torch.Tensor], list[torch.Tensor | None]]]:
+        """The state of ``microbatch`` (rebuilt if checkpointed) and its backward targets,
+        counted in :meth:`graphs_held` until the block ends."""
+        self.recompute(microbatch)
+        self._in_backward += 1  # before the take: a helper never sees one graph too few
+        try:
+            state = self._take(microbatch)
+            yield (state, *self._targets(state, grads))
+        finally:
+            self._in_backward -= 1
+            if self.sharing is not None:
+                self.sharing.freed()
+
     def backward(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
     ) -> list[torch.Tensor | None]:
         """Full backward of a micro-batch: weight gradients accumulate into ``.grad``;
         returns the gradients of the received tensors that require grad."""
-        self.recompute(microbatch)
-        self._in_backward += 1  # before the take: a helper never sees one graph too few
-        try:
-            state = self._take(microbatch)
-            tensors, grad_tensors = self._targets(state, grads)
+        with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
             if not tensors:
                 return [None] * len(state.inputs)
             if self.fuse:
@@ -269,30 +281,18 @@ class StageCompute:
                                       pool=self.gradient_pool)
             torch.autograd.backward(tensors, grad_tensors)
             return [leaf.grad for leaf in state.inputs]
-        finally:
-            self._in_backward -= 1
-            if self.sharing is not None:
-                self.sharing.freed()
 
     def backward_input(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
     ) -> list[torch.Tensor | None]:
         """Input-gradient half of the backward; the weight half waits for
         :meth:`backward_weight`."""
-        self.recompute(microbatch)
-        self._in_backward += 1
-        try:
-            state = self._take(microbatch)
-            tensors, grad_tensors = self._targets(state, grads)
+        with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
             input_grads, weight = backward_input(
                 tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse,
                 pool=self.gradient_pool,
             )
-            self._weight[microbatch] = weight
-        finally:
-            self._in_backward -= 1
-            if self.sharing is not None:
-                self.sharing.freed()
+            self._weight[microbatch] = weight  # still counted: the weight half holds it
         return input_grads
 
     def backward_weight(self, microbatch: int) -> None:
