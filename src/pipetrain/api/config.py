@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipetrain.api.grad_check import NONFINITE_POLICIES
 from pipetrain.checkpoint import CHECKPOINT_MODES
 from pipetrain.schedule import SCHEDULE_NAMES, canonical_name
 
@@ -48,6 +49,11 @@ class PipelineConfig:
     """Seconds a rank waits for a message before it reports a stuck peer."""
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer is declared dead."""
+    nonfinite: str = "error"
+    """A step whose loss or global gradient norm is not finite: ``error`` applies no
+    update and raises :class:`~pipetrain.api.grad_check.NonFiniteError` (the weights
+    stay those of the last good step); ``skip`` applies no update and goes on (the step
+    counts); ``ignore`` applies it anyway."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
@@ -99,6 +105,10 @@ class PipelineConfig:
             )
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             found.append(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            found.append(
+                f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, got {self.nonfinite!r}"
+            )
         if not self.timeout > 0:
             found.append(f"timeout must be positive, got {self.timeout!r}")
         found.extend(self.extra_problems)
