@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -33,7 +34,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 if TYPE_CHECKING:
     from pipetrain.api.pipeline import Pipeline
 
-__all__ = ["find_checkpoint", "is_complete", "load_pipeline", "save_pipeline"]
+__all__ = ["find_checkpoint", "is_complete", "load_pipeline", "read_checkpoint_info", "save_pipeline"]
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -164,3 +165,25 @@ def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str,
             scheduler.load_state_dict(meta["scheduler"])
     extra: dict[str, Any] | None = meta.get("extra")
     return extra
+
+
+def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The step and ``extra`` of the newest complete checkpoint at ``path``, read in this
+    process alone (no job needed; only the small metadata entry is read).
+
+    Raises:
+        FileNotFoundError: ``path`` holds no complete checkpoint.
+
+    Example::
+
+        read_checkpoint_info("runs/demo/checkpoint")   # {'step': 1000, 'extra': {...}}
+    """
+    found = find_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"no pipetrain checkpoint in {os.fspath(path)!r} (no .metadata file)")
+    state: dict[str, Any] = {"meta": b""}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(state, checkpoint_id=found)
+    meta = pickle.loads(state["meta"])
+    return {"step": int(meta["step"]), "extra": meta.get("extra"), "path": found}
