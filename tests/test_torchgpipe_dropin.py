@@ -8,7 +8,11 @@ a subclass) and torchgpipe's phrase (ours contains it, then adds the value and a
 
 from __future__ import annotations
 
+import copy
 import enum
+import pickle
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -211,3 +215,143 @@ def test_module_errors_have_torchgpipes_phrases():
 )
 def test_moving_has_torchgpipes_phrase(move):
     assert_same_error(lambda p: move(p.GPipe(three(), [2, 1], devices=["cpu"] * 2)))
+
+
+# -- pipetrain.skip -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, lambda ns: pickle.loads(pickle.dumps(ns))],
+                         ids=["copy", "deepcopy", "pickle"])
+def test_a_copied_namespace_is_equal_and_distinct(copier):
+    for package in PACKAGES.values():
+        ns = package.skip.Namespace()
+        clone = copier(ns)
+        assert clone == ns and hash(clone) == hash(ns) and clone is not ns, package.__name__
+        assert clone != package.skip.Namespace()
+
+
+def test_namespaces_are_ordered_and_none_is_the_default_namespace():
+    for package in PACKAGES.values():
+        Namespace = package.skip.Namespace
+        first, second = Namespace(), Namespace()
+        assert (first < second) != (second < first) and first <= first
+        assert sorted([(second, "a"), (first, "a")]) == sorted([(first, "a"), (second, "a")])
+        assert isinstance(None, Namespace) and not isinstance("ns", Namespace)
+    # (torchgpipe's Namespace() == None raises AttributeError; pipetrain's is False)
+    assert pipetrain.skip.Namespace() != None  # noqa: E711 - a Namespace, but not this one
+
+
+def skippable_layers(package: Any) -> dict[str, type[nn.Module]]:
+    """Layers declaring skip 'a', each misbehaving in one way torchgpipe checks."""
+    skip = package.skip
+
+    @skip.skippable(stash=["a"])
+    class Stash(nn.Module):
+        def forward(self, x):
+            yield skip.stash("a", x)
+            return x
+
+    @skip.skippable(pop=["a"])
+    class Pop(nn.Module):
+        def forward(self, x):
+            return x + (yield skip.pop("a"))
+
+    @skip.skippable(stash=["a"], pop=["a"])
+    class Both(nn.Module):
+        def forward(self, x):
+            return x
+
+    @skip.skippable(stash=["a"])
+    class Forgets(nn.Module):
+        def forward(self, x):
+            return x
+
+    @skip.skippable(pop=["a"])
+    class Unpopped(nn.Module):
+        def forward(self, x):
+            return x
+            yield  # a generator that never pops
+
+    @skip.skippable(stash=["a"])
+    class Undeclared(nn.Module):
+        def forward(self, x):
+            yield skip.stash("b", x)
+            yield skip.stash("a", x)
+            return x
+
+    @skip.skippable(stash=["a"])
+    class Junk(nn.Module):
+        def forward(self, x):
+            yield "hello"
+            return x
+
+    return dict(Stash=Stash, Pop=Pop, Both=Both, Forgets=Forgets, Unpopped=Unpopped,
+                Undeclared=Undeclared, Junk=Junk)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["Stash"], ["Pop"], ["Both"], ["Stash", "Stash", "Pop"], ["Stash", "Pop", "Pop"],
+     ["Pop", "Stash", "Stash"]],
+    ids=["unpopped", "unstashed", "both", "restashed", "repopped", "several"],
+)
+def test_verify_skippables_errors_contain_torchgpipes_phrases(names):
+    def verify(package):
+        layers = skippable_layers(package)
+        package.skip.verify_skippables(nn.Sequential(*[layers[name]() for name in names]))
+
+    _, theirs = outcome(verify, torchgpipe)
+    message = assert_same_error(verify, phrase="one or more pairs of stash and pop do not match")
+    their_problems = [line for line in str(theirs).splitlines() if line.startswith("* ")]
+    assert their_problems
+    for problem in their_problems:  # each of torchgpipe's lines starts one of ours
+        assert f"\n{problem}" in message, problem
+    assert "isolate(ns1)" in message  # then the fix
+
+
+def in_a_new_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` in a new thread (whose skip tracker is empty); re-raises its error."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = call()
+        except Exception as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=30)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [["Forgets"], ["Stash", "Unpopped"], ["Undeclared", "Pop"], ["Junk"], ["Pop"]],
+    ids=["not-stashed", "not-popped", "undeclared", "not-a-command", "pop-before-stash"],
+)
+def test_skippable_runtime_errors_match_torchgpipes(layers):
+    def run(package):
+        built = skippable_layers(package)
+        model = nn.Sequential(*[built[name]() for name in layers])
+        return in_a_new_thread(lambda: model(torch.ones(1)))
+
+    message = assert_same_error(run)
+    assert "fix:" in message
+
+
+def test_isolate_accepts_what_torchgpipe_accepts():
+    for package in PACKAGES.values():
+        layers = skippable_layers(package)
+        ns = package.skip.Namespace()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pipetrain warns about the undeclared name
+            stash = layers["Stash"]().isolate(ns, only=["a", "not-declared"])
+        model = nn.Sequential(stash, layers["Pop"]().isolate(ns))
+        package.skip.verify_skippables(model)
+        assert model(torch.ones(1)).tolist() == [2.0]
+        assert stash.isolate(None).namespaced("a") == (None, "a")
+    with pytest.warns(UserWarning, match="'not-declared'"):
+        skippable_layers(pipetrain)["Stash"]().isolate(ns, only=["a", "not-declared"])
