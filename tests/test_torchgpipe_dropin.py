@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import enum
+import importlib
+import itertools
 import pickle
 import threading
 import warnings
@@ -23,6 +25,9 @@ from torch import nn
 import pipetrain
 
 torchgpipe = pytest.importorskip("torchgpipe")
+for _submodule in ("balance", "batchnorm", "skip"):  # as `from torchgpipe.x import ...` does
+    importlib.import_module(f"torchgpipe.{_submodule}")
+    importlib.import_module(f"pipetrain.{_submodule}")
 
 PACKAGES = {"torchgpipe": torchgpipe, "pipetrain": pipetrain}
 
@@ -355,3 +360,111 @@ def test_isolate_accepts_what_torchgpipe_accepts():
         assert stash.isolate(None).namespaced("a") == (None, "a")
     with pytest.warns(UserWarning, match="'not-declared'"):
         skippable_layers(pipetrain)["Stash"]().isolate(ns, only=["a", "not-declared"])
+
+
+# -- pipetrain.balance --------------------------------------------------------------------
+
+
+def linear_stack() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(3)])
+
+
+@pytest.mark.parametrize("set_to_none", [False, None], ids=["zeroed", "accumulated"])
+def test_balance_by_time_refuses_a_module_holding_gradients(set_to_none):
+    def balance(package):
+        model = linear_stack()
+        model(torch.randn(2, 4)).sum().backward()
+        if set_to_none is not None:
+            model.zero_grad(set_to_none=set_to_none)  # zero tensors are still gradients
+        return package.balance.balance_by_time(2, model, torch.randn(2, 4), timeout=0.0,
+                                               device="cpu")
+
+    message = assert_same_error(balance)
+    assert "'0.weight'" in message and "fix: model.zero_grad(set_to_none=True)" in message
+    model = linear_stack()  # the fix works
+    model(torch.randn(2, 4)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    assert sum(pipetrain.balance.balance_by_time(2, model, torch.randn(2, 4), timeout=0.0,
+                                                 device="cpu")) == 3
+
+
+@pytest.mark.parametrize("partitions", [0, -1, 4, 2.0], ids=["zero", "negative", "too-many",
+                                                              "float"])
+def test_bad_partitions_have_torchgpipes_error_type_and_phrase(partitions):
+    # torchgpipe profiles (no pass with timeout=0) and then fails in its solver
+    message = assert_same_error(
+        lambda p: p.balance.balance_by_time(partitions, linear_stack(), torch.randn(2, 4),
+                                            timeout=0.0, device="cpu"),
+        phrase=None if not isinstance(partitions, float) else "",
+    )
+    assert "fix:" in message
+
+
+def one_sample_cuda_weights(model: nn.Sequential, *, batch: int, chunks: int,
+                            param_scale: float) -> list[int]:
+    """What torchgpipe's ``profile_sizes`` reads on CUDA for a stack of Linear / ReLU /
+    Tanh layers fed a float32 batch of ``batch`` rows: ``memory_allocated`` grows, per
+    layer run on one sample, by its output row (Linear saves its input and weight, which
+    exist already; ReLU and Tanh save their output), in 512-byte blocks; that is scaled
+    by ``batch / chunks``, and the parameters' bytes by ``param_scale``."""
+    weights = []
+    width = model[0].in_features
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            width = layer.out_features
+        output_row = -(-width * 4 // 512) * 512
+        params = sum(p.numel() * 4 for p in layer.parameters())
+        weights.append(int(output_row * batch / chunks + params * param_scale))
+    return weights
+
+
+def wide_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 16), nn.Tanh(),
+                         nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 640), nn.Tanh())
+
+
+@pytest.mark.parametrize(("chunks", "param_scale"), [(4, 3.0), (1, 2.0), (8, 5.0)])
+def test_balance_by_size_on_the_cpu_weighs_as_torchgpipe_on_cuda(chunks, param_scale):
+    from pipetrain.partition import profile_sizes
+
+    model, x = wide_model(), torch.randn(32, 16)
+    expected = one_sample_cuda_weights(model, batch=32, chunks=chunks, param_scale=param_scale)
+    assert profile_sizes(model, x, chunks=chunks, param_scale=param_scale,
+                         device=torch.device("cpu")) == expected
+
+
+@pytest.mark.parametrize("partitions", [2, 3, 4])
+def test_balance_by_size_on_the_cpu_gives_torchgpipes_partitions(partitions):
+    torch.manual_seed(0)
+    # a wide activation that Linear(1024, 16) saves but Linear(16, 1024) allocates:
+    # torchgpipe weighs it at the layer whose forward allocates it
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 1024), nn.ReLU(),
+                          nn.Linear(1024, 16), nn.Tanh())
+    x = torch.randn(32, 16)
+    weights = one_sample_cuda_weights(model, batch=32, chunks=4, param_scale=3.0)
+    # torchgpipe's balance from its CUDA weights (its solver, balance_cost)
+    theirs = torchgpipe.balance.balance_cost(weights, partitions)
+    assert pipetrain.balance.balance_by_size(partitions, model, x, chunks=4, param_scale=3.0,
+                                             device="cpu") == theirs
+
+
+def test_where_torchgpipes_solver_misses_the_optimum_pipetrain_balances_better():
+    # The same weights; torchgpipe's solver (a heuristic) often stops short of the
+    # smallest largest partition, and for 7 partitions returns [1, 1, 1, 2, 2, 0, 1],
+    # which no GPipe accepts: pipetrain's solver is exact (and its balances valid)
+    model, x = wide_model(), torch.randn(32, 16)
+    weights = one_sample_cuda_weights(model, batch=32, chunks=4, param_scale=3.0)
+
+    def largest(balance: list[int]) -> int:
+        bounds = [sum(balance[:j]) for j in range(len(balance) + 1)]
+        return max(sum(weights[a:b]) for a, b in itertools.pairwise(bounds))
+
+    for partitions in range(1, len(model) + 1):
+        ours = pipetrain.balance.balance_by_size(partitions, model, x, chunks=4,
+                                                 param_scale=3.0, device="cpu")
+        theirs = torchgpipe.balance.balance_cost(weights, partitions)
+        assert largest(ours) <= largest(theirs), (partitions, ours, theirs)
+        assert len(ours) == partitions and min(ours) >= 1
+    assert torchgpipe.balance.balance_cost(weights, 7) == [1, 1, 1, 2, 2, 0, 1]
