@@ -468,3 +468,45 @@ def test_where_torchgpipes_solver_misses_the_optimum_pipetrain_balances_better()
         assert largest(ours) <= largest(theirs), (partitions, ours, theirs)
         assert len(ours) == partitions and min(ours) >= 1
     assert torchgpipe.balance.balance_cost(weights, 7) == [1, 1, 1, 2, 2, 0, 1]
+
+
+# -- pipetrain.batchnorm ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunks", [3, 3.0], ids=["int", "float"])
+def test_deferred_batch_norm_keeps_torchgpipes_attributes(chunks):
+    torch.manual_seed(0)
+    micro_batches = [torch.randn(4, 3, 5) * 2 + 1 for _ in range(5)]
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    for name, package in PACKAGES.items():
+        bn = package.batchnorm.DeferredBatchNorm(3, chunks=chunks)
+        assert bn.chunks == 3 and (name == "torchgpipe" or type(bn.chunks) is int)
+        seen[name] = []
+        for x in micro_batches:  # commits after the third, then tracks two more
+            bn(x)
+            seen[name].append((bn.counter, bn.tracked, bn.sum.clone(), bn.sum_squares.clone(),
+                               int(bn.num_batches_tracked)))
+    for ours, theirs in zip(seen["pipetrain"], seen["torchgpipe"]):
+        assert ours[:2] == theirs[:2] and ours[4] == theirs[4]
+        assert torch.allclose(ours[2], theirs[2], atol=1e-4)
+        assert torch.allclose(ours[3], theirs[3], rtol=1e-5, atol=1e-4)
+    assert [state[:2] for state in seen["pipetrain"]] == [(20, 1), (40, 2), (0, 0), (20, 1),
+                                                         (40, 2)]
+
+
+def test_converted_batch_norms_in_a_gpipe_keep_torchgpipes_attributes():
+    states = {}
+    for name, package in PACKAGES.items():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 3))
+        converted = package.batchnorm.DeferredBatchNorm.convert_deferred_batch_norm(model, 2.0)
+        assert converted[1].chunks == 2
+        gpipe = package.GPipe(model, [2, 1], devices=["cpu"] * 2, chunks=2,
+                              deferred_batch_norm=True)
+        gpipe(torch.randn(8, 3))  # two micro-batches of 4: one update, then reset
+        bn = gpipe[1]
+        states[name] = (type(bn).__name__, bn.chunks, bn.counter, bn.tracked,
+                        int(bn.num_batches_tracked), tuple(bn.sum.shape),
+                        tuple(bn.sum_squares.shape))
+    assert states["pipetrain"] == states["torchgpipe"] == (
+        "DeferredBatchNorm", 2, 0, 0, 1, (3,), (3,))
