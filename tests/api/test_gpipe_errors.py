@@ -99,8 +99,10 @@ def test_unmatched_stash_and_pop():
     with pytest.raises(TypeError) as info:
         pipetrain.GPipe(nn.Sequential(Keep(), nn.ReLU(), Take()), [2, 1])
     message = str(info.value)
-    assert "'0' stashes 'kept' but no later layer pops it" in message
-    assert "'2' pops 'other' but no earlier layer stashes it" in message
+    assert ("no module declared 'kept' as poppable but stashed: '0' stashes it and no later "
+            "layer pops it") in message
+    assert ("'2' declared 'other' as poppable but it was not stashed: no earlier layer "
+            "stashes it") in message
     assert "isolate(ns1)" in message  # the fix
 
 
