@@ -135,6 +135,16 @@ def test_chunks_and_checkpoint_are_stored_as_int_and_str(chunks, checkpoint):
     assert stored["pipetrain"] == stored["torchgpipe"]
 
 
+def test_numpy_chunks_and_balances_work_as_in_torchgpipe():
+    np = pytest.importorskip("numpy")
+    for package in PACKAGES.values():
+        gpipe = package.GPipe(three(), np.array([2, 1]), devices=["cpu"] * 2,
+                              chunks=np.float32(2.0))
+        assert gpipe.chunks == 2 and [len(p) for p in gpipe.partitions] == [2, 1]
+    gpipe = pipetrain.GPipe(three(), np.array([2, 1]), chunks=np.float32(2.0))
+    assert type(gpipe.chunks) is int and all(type(n) is int for n in gpipe.balance)
+
+
 @pytest.mark.parametrize("chunks", [0, -1, "0", "many", None, object()])
 def test_bad_chunks_raise_torchgpipes_error_type(chunks):
     def wrap(package):

@@ -8,6 +8,7 @@ a fraction (``2.5``), a bool or a non-number is still a mistake. Pure Python.
 
 from __future__ import annotations
 
+import numbers
 import operator
 
 __all__ = ["whole_number"]
@@ -16,9 +17,9 @@ __all__ = ["whole_number"]
 def whole_number(value: object) -> int | None:
     """``value`` as an ``int`` if it is a whole number, else None.
 
-    Accepts ints, floats with no fractional part and anything with ``__index__``
-    (NumPy integers, integer 0-dim tensors); rejects bools, fractions, strings and
-    everything else.
+    Accepts ints and anything with ``__index__`` (NumPy integers, integer 0-dim
+    tensors), and real numbers with no fractional part (``4.0``, NumPy floats);
+    rejects bools, fractions, infinities, strings and everything else.
 
     Example:
         >>> whole_number(4), whole_number(4.0), whole_number(2.5), whole_number(True)
@@ -28,9 +29,11 @@ def whole_number(value: object) -> int | None:
     """
     if isinstance(value, bool):
         return None
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        return None
+        pass
+    if isinstance(value, numbers.Real):  # float, NumPy floats
+        number = float(value)
+        return int(number) if number.is_integer() else None
+    return None

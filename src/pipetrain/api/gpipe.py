@@ -9,6 +9,7 @@ activations and gradients move through the thread transport.
 from __future__ import annotations
 
 import functools
+import numbers
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
@@ -96,7 +97,7 @@ def _chunks(value: Any) -> int:
         number = int(value) if value.strip().lstrip("+-").isdigit() else None
     else:
         number = whole_number(value)
-        if number is None and not isinstance(value, (bool, float)):
+        if number is None and not isinstance(value, numbers.Real):  # bool is one
             raise TypeError(
                 f"number of chunks must be positive integer, got {value!r} "
                 f"({type(value).__name__}); {fix}"
