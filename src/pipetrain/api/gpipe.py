@@ -124,11 +124,11 @@ class GPipe(nn.Module):
     """Pipeline-parallel wrapper of an ``nn.Sequential`` (GPipe, torchgpipe's API).
 
     The module is cut into ``len(balance)`` partitions of ``balance[j]`` consecutive
-    layers, partition ``j`` on ``devices[j]``. ``GPipe(nn.Sequential(), [])`` has no
-    partition and returns its input (a tensor or a tuple of tensors) unchanged. Each mini-batch is split into ``chunks``
+    layers, partition ``j`` on ``devices[j]``. Each mini-batch is split into ``chunks``
     micro-batches that flow through the partitions concurrently; ``loss.backward()``
     runs the pipelined backward. Outputs and gradients equal those of the unpipelined
-    module (transparency).
+    module (transparency). As in torchgpipe, ``GPipe(nn.Sequential(), [])`` has no
+    partition and returns its input (a tensor or a tuple of tensors) unchanged.
 
     Args:
         module: the ``nn.Sequential`` to pipeline.
