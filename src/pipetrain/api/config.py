@@ -104,7 +104,8 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
         ['--num_stages 0 must be a positive integer, e.g. --num_stages 2']
     """
     say = _python_spelling if spell is None else spell
-    v = {f.name: f.default for f in fields(PipelineConfig)} | dict(values)
+    v: dict[str, Any] = {f.name: f.default for f in fields(PipelineConfig)} | dict(values)
+    v["extra_problems"] = tuple(v.get("extra_problems") or ())
     found: list[str] = []
     try:
         name = canonical_name(v["schedule"])
