@@ -161,7 +161,8 @@ class _Run:
         self.records = RunRecords(
             args.out, options, world_size=dist.get_world_size(), first_step=self.start + 1,
             history=None if self.resume is None else self.resume.run_folder,
-            changes=None if self.resume is None else self.resume.changes)
+            changes=None if self.resume is None else self.resume.changes,
+            checkpoint_step=self.saved_step)
         self.records.write()
         if self.resume is not None:
             sys.stderr.write(self._describe_resume() + "\n")
