@@ -65,3 +65,9 @@ def test_communication_errors_are_told_apart() -> None:
     assert is_communication_error(CLOSED)
     assert is_communication_error(dist.DistNetworkError("gone"))
     assert not is_communication_error(RuntimeError("CUDA out of memory"))
+
+
+def test_a_broken_connection_is_recorded_as_the_peers_failure_not_this_ranks(monitor: PeerMonitor) -> None:
+    monitor.report_error(RuntimeError("Read error [10.0.0.2]:62639: Connection reset by peer"))
+    failure = monitor.explain(RuntimeError("timed out"), 0)  # what any other rank would then read
+    assert failure.dead_ranks == (1,) and "rank 1 (on host node-b) died" in str(failure)

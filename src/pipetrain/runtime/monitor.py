@@ -171,8 +171,17 @@ class PeerMonitor:
             raise self.explain(error, -1) from error
 
     def report_error(self, error: BaseException) -> None:
-        """Record that this rank fails with ``error`` (the root cause, unless one is known)."""
+        """Record that this rank fails with ``error`` (the root cause, unless one is known).
+
+        A broken connection is recorded as the failure of the peer it names, if any.
+        """
         if isinstance(error, PeerFailure):
+            return
+        if is_communication_error(error):  # a broken connection is the peer's failure, not ours
+            peer = rank_of_error(error, self._roster)
+            if peer is not None and not self._has_exited(peer):
+                detail = name_addresses(brief(error), self._roster)
+                self._record(peer, f"{self.name(peer)} died (its connection closed: {detail})")
             return
         text = f"{type(error).__name__}: {name_addresses(brief(error), self._roster)}"
         self._record(self.rank, f"{self.name(self.rank)} failed with {text}")
