@@ -184,6 +184,8 @@ def _join(store: Store, *, rank: int, world_size: int, master_addr: str, master_
     mine = settle_address(mine, places)
     places = exchange_places(store, mine, world_size=world_size, round_name="ready",
                              deadline=deadline, timeout=timeout, where=where)
+    logger.debug("rank %d: every rank arrived: %s", rank,
+                 ", ".join(f"{p.rank} on {p.host} at {p.address}" for p in places.values()))
     problems = address_problems(places)
     if problems:
         if hosts_store:  # stay until the others have read the places: they fail the same way
