@@ -10,10 +10,12 @@ checkpoint mode the losses and weights equal single-process training on the same
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -270,13 +272,19 @@ class Pipeline:
         dist.broadcast_object_list(token, src=0)
         return str(token[0])
 
+    def guard(self) -> AbstractContextManager[None]:
+        """A block in which a broken connection (a collective of the caller's, too) raises
+        :class:`~pipetrain.runtime.errors.PeerFailure` naming the rank that died."""
+        return self._monitor.guard() if self._monitor is not None else contextlib.nullcontext()
+
     # -- running ------------------------------------------------------------------------
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
         self.last_step_start = time.time()
         origin = time.perf_counter()
         try:
-            self.executor.run(actions, io, record=self.last_timeline, origin=origin)
+            with self.guard():
+                self.executor.run(actions, io, record=self.last_timeline, origin=origin)
         except BaseException as error:
             if self._monitor is not None:
                 self._monitor.report_error(error)
@@ -288,7 +296,8 @@ class Pipeline:
         for loss in io.losses.values():
             local += loss.double().to(self._scalar_device)
         if dist.get_world_size() > 1:
-            dist.all_reduce(local)
+            with self.guard():
+                dist.all_reduce(local)
         return float(local)
 
     def train_step(self, inputs: Any, targets: Any) -> float:
@@ -356,7 +365,8 @@ class Pipeline:
             last = len(self.layout.stage_to_rank) - 1
             box = [output]
             src = self.layout.global_rank(pipeline_rank=self.layout.stage_to_rank[last], replica=0)
-            dist.broadcast_object_list(box, src=src)
+            with self.guard():
+                dist.broadcast_object_list(box, src=src)
             output = box[0]
         return output
 
