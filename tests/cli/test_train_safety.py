@@ -121,17 +121,17 @@ def test_a_resume_survives_a_leftover_save_and_keeps_the_run_history(tmp_path: P
 
     more = _train("--resume", str(out), "--steps", "6", "--lr", "1e-3")
     assert more.returncode == 0, more.stderr[-3000:]
-    assert "at step 4: training steps 5-6 (2 steps)" in more.stderr and "--lr 0.003 -> 0.001" in more.stderr
+    assert "at step 4: training steps 5-6 (2 steps)" in more.stderr and "--lr 0.01 -> 0.001" in more.stderr
     assert "trained 2 steps (5-6)" in more.stdout
     assert not leftover.exists()
     metrics = _metrics(out)
     assert [s["step"] for s in metrics["steps"]] == [1, 2, 3, 4, 5, 6]
     assert metrics["segments"][-1] == {"first_step": 5, "args": metrics["config"]["args"],
-                                       "changed": {"steps": [4, 6], "lr": [0.003, 0.001]}}
+                                       "changed": {"steps": [4, 6], "lr": [0.01, 0.001]}}
     assert metrics["config"]["args"]["lr"] == 0.001
     # the new learning rate is the one used (records hold the LR after each step's update)
     assert metrics["steps"][-1]["lr"] == pytest.approx(1e-3 * lr_factor(2, 6)(6))
-    assert metrics["steps"][3]["lr"] == pytest.approx(3e-3 * lr_factor(2, 4)(4))
+    assert metrics["steps"][3]["lr"] == pytest.approx(1e-2 * lr_factor(2, 4)(4))
 
 
 def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:

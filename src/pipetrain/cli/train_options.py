@@ -123,7 +123,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(training, "--steps", type=_positive_int, default=1000,
         help="train up to this step (default 1000; with --resume, the total to reach)")
     add(training, "--batch-size", type=_positive_int, default=32, help="sequences per step (default 32)")
-    add(training, "--lr", type=_positive, default=3e-3, help="peak learning rate (default 3e-3)")
+    add(training, "--lr", type=_positive, default=1e-2, help="peak learning rate (default 1e-2)")
     add(training, "--warmup", type=_count, default=50, help="linear warm-up steps (default 50)")
     add(training, "--clip", type=_non_negative, default=1.0,
         help="global gradient-norm clip (default 1.0; 0 = off)")
