@@ -155,6 +155,7 @@ def _compile(
     """One action as a step: its kind, cost, the message it awaits and the one it posts."""
     op, j, i = action.op, action.stage, action.microbatch
     num_stages = len(schedule.stage_to_rank)
+    rank_of = schedule.rank_of
     if not 0 <= j < num_stages:  # reported by the validator; run it as a no-op
         return (_SEND, action, 0.0, None, None, 0.0)
     if op is Op.REDUCE_GRAD:
@@ -177,14 +178,14 @@ def _compile(
     }[op][j]
     awaited = published = None
     if implicit and op is Op.FORWARD:
-        if j > 0 and schedule.stage_to_rank[j - 1] != rank:
+        if j > 0 and rank_of(j - 1, i) != rank:
             awaited = (Op.FORWARD, j - 1, i)
-        if j + 1 < num_stages and schedule.stage_to_rank[j + 1] != rank:
+        if j + 1 < num_stages and rank_of(j + 1, i) != rank:
             published = (Op.FORWARD, j, i)
     elif implicit and op in _BACKWARD_OPS:
-        if j + 1 < num_stages and schedule.stage_to_rank[j + 1] != rank:
+        if j + 1 < num_stages and rank_of(j + 1, i) != rank:
             awaited = (Op.BACKWARD, j + 1, i)
-        if j > 0 and schedule.stage_to_rank[j - 1] != rank:
+        if j > 0 and rank_of(j - 1, i) != rank:
             published = (Op.BACKWARD, j, i)
     return (_COMPUTE, action, duration, awaited, published, latency)
 
@@ -204,5 +205,5 @@ def _blocked(schedule: Schedule, rank: int, position: int, awaited: _Key | None)
         position=position,
         action=schedule.actions[rank][position],
         awaited=Action(j, op, i),
-        awaited_rank=schedule.stage_to_rank[j] if 0 <= j < schedule.num_stages else -1,
+        awaited_rank=schedule.rank_of(j, i) if 0 <= j < schedule.num_stages else -1,
     )

@@ -33,14 +33,14 @@ def add_communication(schedule: Schedule) -> Schedule:
         ValueError: the schedule already has communication actions.
     """
     _check_no(schedule, lambda a: a.op.is_communication, what="communication actions")
-    rank_of, num_stages = schedule.stage_to_rank, schedule.num_stages
+    rank_of, num_stages = schedule.rank_of, schedule.num_stages
     lowered = []
     for r, actions in enumerate(schedule.actions):
         rank_actions = []
         for a in actions:
             j, i, v = a.stage, a.microbatch, a.version
-            previous_remote = 0 < j < num_stages and rank_of[j - 1] != r
-            next_remote = 0 <= j < num_stages - 1 and rank_of[j + 1] != r
+            previous_remote = 0 < j < num_stages and rank_of(j - 1, i) != r
+            next_remote = 0 <= j < num_stages - 1 and rank_of(j + 1, i) != r
             if a.op is Op.FORWARD:
                 if previous_remote:
                     rank_actions.append(Action(j, Op.RECV_FORWARD, i, v))

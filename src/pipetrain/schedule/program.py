@@ -38,6 +38,12 @@ class Schedule:
     that holds stage ``j``. Generators build it; :func:`pipetrain.schedule.validate`
     checks it; :func:`pipetrain.schedule.simulate` times it; the runtimes execute it.
 
+    A stage may be *replicated* (data parallelism inside the pipeline, PipeDream's
+    1F1B-RR): ``replicas[j]`` lists every rank holding stage ``j`` (``stage_to_rank[j]``
+    is the first), and micro-batch ``i`` of stage ``j`` runs on
+    ``replicas[j][i % len(replicas[j])]`` (:meth:`rank_of`). Without ``replicas`` every
+    stage has one rank.
+
     Example:
         >>> from pipetrain.schedule.actions import parse_actions
         >>> s = Schedule(
@@ -55,6 +61,8 @@ class Schedule:
     num_microbatches: int
     stage_to_rank: tuple[int, ...]
     actions: tuple[tuple[Action, ...], ...]
+    replicas: tuple[tuple[int, ...], ...] = ()
+    """Per stage, every rank that holds it (empty: one rank per stage, ``stage_to_rank``)."""
     _stages_of_rank: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,11 +75,28 @@ class Schedule:
                 f"stage_to_rank {self.stage_to_rank} names ranks {bad} but the schedule has "
                 f"action lists for {num_ranks} ranks"
             )
+        if self.replicas:
+            self._check_replicas(num_ranks)
+        holders = self.replicas or tuple((r,) for r in self.stage_to_rank)
         stages = tuple(
-            tuple(j for j, owner in enumerate(self.stage_to_rank) if owner == r)
-            for r in range(num_ranks)
+            tuple(j for j, group in enumerate(holders) if r in group) for r in range(num_ranks)
         )
         object.__setattr__(self, "_stages_of_rank", stages)
+
+    def _check_replicas(self, num_ranks: int) -> None:
+        problems = []
+        if len(self.replicas) != len(self.stage_to_rank):
+            problems.append(f"{len(self.replicas)} replica groups for {len(self.stage_to_rank)} stages")
+        for j, group in enumerate(self.replicas):
+            if not group or len(set(group)) != len(group):
+                problems.append(f"stage {j}'s replicas {group} must be distinct ranks, at least one")
+            elif any(not 0 <= r < num_ranks for r in group):
+                problems.append(f"stage {j}'s replicas {group} name ranks outside 0..{num_ranks - 1}")
+            elif j < len(self.stage_to_rank) and group[0] != self.stage_to_rank[j]:
+                problems.append(f"stage {j}'s first replica {group[0]} is not stage_to_rank[{j}] "
+                                f"= {self.stage_to_rank[j]}")
+        if problems:
+            raise ValueError("invalid replicas: " + "; ".join(problems))
 
     @property
     def num_stages(self) -> int:
@@ -87,9 +112,24 @@ class Schedule:
         """The stages rank ``rank`` holds, in increasing order."""
         return self._stages_of_rank[rank]
 
-    def rank_of(self, stage: int) -> int:
-        """The rank that holds stage ``stage``."""
-        return self.stage_to_rank[stage]
+    def rank_of(self, stage: int, microbatch: int | None = None) -> int:
+        """The rank that runs ``microbatch`` of ``stage`` (without a micro-batch, or
+        without replicas: the stage's first rank).
+
+        Example:
+            >>> s = Schedule(name="toy", num_microbatches=2, stage_to_rank=(0, 1),
+            ...              actions=((), (), ()), replicas=((0,), (1, 2)))
+            >>> s.rank_of(1, 0), s.rank_of(1, 1), s.stages_of(2)
+            (1, 2, (1,))
+        """
+        if not self.replicas or microbatch is None:
+            return self.stage_to_rank[stage]
+        group = self.replicas[stage]
+        return group[microbatch % len(group)]
+
+    def ranks_of(self, stage: int) -> tuple[int, ...]:
+        """Every rank that holds ``stage`` (its replicas)."""
+        return self.replicas[stage] if self.replicas else (self.stage_to_rank[stage],)
 
     @property
     def is_training(self) -> bool:
@@ -103,6 +143,7 @@ class Schedule:
             num_microbatches=self.num_microbatches,
             stage_to_rank=self.stage_to_rank,
             actions=tuple(tuple(acts) for acts in actions),
+            replicas=self.replicas,
         )
 
     def compute_only(self) -> Schedule:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pipetrain.schedule._args import check_counts
 from pipetrain.schedule.forward_only import forward_only
@@ -11,6 +11,7 @@ from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step
 from pipetrain.schedule.one_f_one_b import one_f_one_b
 from pipetrain.schedule.program import Schedule
+from pipetrain.schedule.replicated import replicated_pipeline, uniform_replicas
 from pipetrain.schedule.validate import validate
 from pipetrain.schedule.zero_bubble import zb_h1
 
@@ -87,12 +88,18 @@ def build_schedule(
     communication: bool = True,
     optimizer_step: bool = False,
     reduce: bool = False,
+    replicas: Sequence[int] | None = None,
 ) -> Schedule:
     """Generate a schedule by name, lower it as asked, and validate it.
 
     ``stages_per_rank > 1`` is for ``interleaved-1f1b`` (which needs at least 2) and
     ``forward``. ``communication`` adds the sends and receives, ``optimizer_step`` the
     ``STEP`` s, ``reduce`` (with ``optimizer_step``) the gradient ``REDUCE`` s.
+    ``replicas[p]`` gives pipeline rank ``p`` that many data-parallel replicas (see
+    :mod:`pipetrain.schedule.replicated`): the schedule then has ``sum(replicas)`` ranks
+    and ``num_microbatches * replicas[0]`` micro-batches (``num_microbatches`` per
+    replica of the first stage). The same count for every rank works with every
+    schedule; different counts with ``gpipe``, ``1f1b`` and ``forward``.
 
     Example:
         >>> s = build_schedule("1f1b", num_ranks=2, num_microbatches=2, optimizer_step=True)
@@ -125,7 +132,21 @@ def build_schedule(
         )
     if reduce and not optimizer_step:
         raise ValueError("reduce=True needs optimizer_step=True (the STEP waits for the REDUCE)")
-    if key == "interleaved-1f1b":
+    uneven = replicas is not None and len(set(replicas)) > 1
+    if replicas is not None and len(replicas) != num_ranks:
+        raise ValueError(
+            f"replicas {list(replicas)} has {len(replicas)} entries for {num_ranks} ranks; "
+            "fix: one replica count per pipeline rank"
+        )
+    if uneven:
+        assert replicas is not None
+        if stages_per_rank != 1:
+            raise ValueError(
+                f"replica counts {list(replicas)} differ between ranks: that needs one stage "
+                f"per rank, got stages_per_rank={stages_per_rank}"
+            )
+        schedule = replicated_pipeline(key, replicas, num_microbatches * replicas[0])
+    elif key == "interleaved-1f1b":
         schedule = interleaved_1f1b(num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
     elif key == "forward":
         schedule = forward_only(
@@ -133,6 +154,8 @@ def build_schedule(
         )
     else:
         schedule = _GENERATORS[key](num_ranks, num_microbatches)
+    if replicas is not None and not uneven and replicas[0] > 1:
+        schedule = uniform_replicas(schedule, replicas[0])
     if communication:
         schedule = add_communication(schedule)
     if optimizer_step:

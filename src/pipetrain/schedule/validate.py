@@ -137,15 +137,13 @@ def deadlock_problems(schedule: Schedule, blocked: Sequence[Blocked]) -> list[st
 
 
 def _structure_problems(schedule: Schedule) -> list[str]:
-    num_stages, num_microbatches = schedule.num_stages, schedule.num_microbatches
-    rank_of = schedule.stage_to_rank
     explicit = any(a.op.is_communication for acts in schedule.actions for a in acts)
     # (op, stage, micro-batch) -> [(rank, position), ...] of the well-formed actions
     where: dict[_Key, list[tuple[int, int]]] = defaultdict(list)
     problems: list[str] = []
     for r, acts in enumerate(schedule.actions):
         for p, a in enumerate(acts):
-            problem = _shape_problem(a, r, num_stages, num_microbatches, rank_of)
+            problem = _shape_problem(a, r, schedule)
             if problem:
                 problems.append(f"rank {r}, position {p}: {a} {problem}")
             else:
@@ -153,7 +151,7 @@ def _structure_problems(schedule: Schedule) -> list[str]:
 
     for (op, j, i), places in where.items():
         for r, p in places:
-            for alternatives in _dependencies(op, j, i, r, rank_of, explicit=explicit):
+            for alternatives in _dependencies(op, j, i, r, schedule, explicit=explicit):
                 # a dependency of a well-formed action lives on the same rank, so its
                 # first place is its earliest
                 found = [where[key][0][1] for key in alternatives if key in where]
@@ -174,19 +172,20 @@ def _structure_problems(schedule: Schedule) -> list[str]:
 
 
 def _dependencies(
-    op: Op, j: int, i: int | None, r: int, rank_of: tuple[int, ...], *, explicit: bool
+    op: Op, j: int, i: int | None, r: int, schedule: Schedule, *, explicit: bool
 ) -> list[tuple[_Key, ...]]:
     """What must run before ``op`` (stage ``j``, micro-batch ``i``) on rank ``r``: one of
     each tuple of alternatives. Cross-rank inputs count only as explicit receives."""
+    num_stages = schedule.num_stages
     if op is Op.FORWARD:
-        if j > 0 and rank_of[j - 1] == r:
+        if j > 0 and schedule.rank_of(j - 1, i) == r:
             return [((Op.FORWARD, j - 1, i),)]
         return [((Op.RECV_FORWARD, j, i),)] if j > 0 and explicit else []
     if op in _BACKWARD:
         needs: list[tuple[_Key, ...]] = [((Op.FORWARD, j, i),)]
-        if j + 1 < len(rank_of) and rank_of[j + 1] == r:
+        if j + 1 < num_stages and schedule.rank_of(j + 1, i) == r:
             needs.append(tuple((b, j + 1, i) for b in _BACKWARD))
-        elif j + 1 < len(rank_of) and explicit:
+        elif j + 1 < num_stages and explicit:
             needs.append(((Op.RECV_BACKWARD, j, i),))
         return needs
     if op is Op.BACKWARD_WEIGHT:
@@ -198,24 +197,26 @@ def _dependencies(
     return []
 
 
-def _shape_problem(
-    a: Action, r: int, num_stages: int, num_microbatches: int, rank_of: tuple[int, ...]
-) -> str:
+def _shape_problem(a: Action, r: int, schedule: Schedule) -> str:
     """Why ``a`` on rank ``r`` is malformed, or ``""``."""
     j, i = a.stage, a.microbatch
+    num_stages, num_microbatches = schedule.num_stages, schedule.num_microbatches
     if not 0 <= j < num_stages:
         return f"names stage {j}, but the schedule has stages 0..{num_stages - 1}"
-    if rank_of[j] != r:
-        return f"is for stage {j}, which lives on rank {rank_of[j]}, not rank {r}"
+    if r not in schedule.ranks_of(j):
+        return f"is for stage {j}, which lives on rank {schedule.rank_of(j)}, not rank {r}"
     if a.op.needs_microbatch and (i is None or not 0 <= i < num_microbatches):
         return f"needs a micro-batch in 0..{num_microbatches - 1}, got {i}"
     if not a.op.needs_microbatch and i is not None:
         return f"takes no micro-batch, got {i}"
+    if i is not None and schedule.rank_of(j, i) != r:
+        return (f"is for micro-batch {i} of stage {j}, which its replica on rank "
+                f"{schedule.rank_of(j, i)} runs, not rank {r}")
     if a.op.is_communication:
         peer = j + _PEER[a.op][1]
         if not 0 <= peer < num_stages:
             return f"has no stage {peer} to talk to"
-        if rank_of[peer] == r:
+        if schedule.rank_of(peer, i) == r:
             return f"talks to stage {peer} on the same rank (the hand-off is local; remove it)"
     return ""
 
@@ -236,7 +237,7 @@ def _count_problems(schedule: Schedule, where: dict[_Key, list[tuple[int, int]]]
                     problems.append(f"{Action(j, op, i)} runs {n} times ({places((op, j, i))})")
             if counts[Op.FORWARD] == 0:
                 problems.append(
-                    f"{Action(j, Op.FORWARD, i)} is missing (rank {schedule.rank_of(j)})"
+                    f"{Action(j, Op.FORWARD, i)} is missing (rank {schedule.rank_of(j, i)})"
                 )
             if not training:
                 continue
@@ -249,7 +250,7 @@ def _count_problems(schedule: Schedule, where: dict[_Key, list[tuple[int, int]]]
                 )
             elif not b and not inp and not w:
                 problems.append(
-                    f"{Action(j, Op.BACKWARD, i)} is missing (rank {schedule.rank_of(j)}): no "
+                    f"{Action(j, Op.BACKWARD, i)} is missing (rank {schedule.rank_of(j, i)}): no "
                     f"B, nor I and W"
                 )
             elif inp and not w:
@@ -290,28 +291,30 @@ def _message_problems(where: dict[_Key, list[tuple[int, int]]]) -> list[str]:
 
 
 def _step_problems(schedule: Schedule, where: dict[_Key, list[tuple[int, int]]]) -> list[str]:
-    """REDUCE and STEP once per stage, after its last backward; REDUCE before STEP."""
+    """REDUCE and STEP once per stage on each rank holding it, after the stage's last
+    backward on that rank; REDUCE before STEP."""
     problems = []
-    last_backward: dict[int, tuple[int, Action]] = {}
+    last_backward: dict[tuple[int, int], tuple[int, Action]] = {}
     for (op, j, i), places in where.items():
         if op in (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
-            p = max(p for _, p in places)
-            if p > last_backward.get(j, (-1,))[0]:
-                last_backward[j] = (p, Action(j, op, i))
+            for r, p in places:
+                if p > last_backward.get((j, r), (-1,))[0]:
+                    last_backward[(j, r)] = (p, Action(j, op, i))
     for op in (Op.REDUCE_GRAD, Op.OPTIMIZER_STEP):
         for j in range(schedule.num_stages):
-            places = where.get((op, j, None), [])
             action = Action(j, op)
-            if len(places) > 1:
-                r, p = places[1]
-                problems.append(f"rank {r}, position {p}: {action} runs {len(places)} times")
-            for r, p in places[:1]:
-                q, backward = last_backward.get(j, (-1, action))
-                if q > p:
-                    problems.append(f"rank {r}, position {p}: {action} runs before {backward}")
-                reduce = where.get((Op.REDUCE_GRAD, j, None), [])
-                if op is Op.OPTIMIZER_STEP and reduce and reduce[0][1] > p:
-                    problems.append(
-                        f"rank {r}, position {p}: {action} runs before {Action(j, Op.REDUCE_GRAD)}"
-                    )
+            for holder in schedule.ranks_of(j):
+                places = [(r, p) for r, p in where.get((op, j, None), []) if r == holder]
+                if len(places) > 1:
+                    r, p = places[1]
+                    problems.append(f"rank {r}, position {p}: {action} runs {len(places)} times")
+                for r, p in places[:1]:
+                    q, backward = last_backward.get((j, r), (-1, action))
+                    if q > p:
+                        problems.append(f"rank {r}, position {p}: {action} runs before {backward}")
+                    reduce = [q for h, q in where.get((Op.REDUCE_GRAD, j, None), []) if h == r]
+                    if op is Op.OPTIMIZER_STEP and reduce and reduce[0] > p:
+                        problems.append(
+                            f"rank {r}, position {p}: {action} runs before {Action(j, Op.REDUCE_GRAD)}"
+                        )
     return problems
