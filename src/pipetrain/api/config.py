@@ -43,7 +43,12 @@ class PipelineConfig:
     clip_grad_norm: float | None = None
     """Clip the global gradient norm (over all stages) to this value."""
     seed: int = 0
-    """Seed of the random streams (dropout): a function of (seed, step, stage, micro-batch)."""
+    """Seed of the random streams (dropout, any random op): every layer draws from a
+    stream keyed by (seed, step, global layer index, micro-batch), whatever the stages."""
+    deferred_batch_norm: bool = False
+    """Turn the layers' batch norms into :class:`~pipetrain.batchnorm.DeferredBatchNorm`:
+    running statistics updated once per step over the whole mini-batch (every
+    micro-batch of every replica), as single-process training stores them."""
     timeout: float = 300.0
     """Seconds a rank waits for a message before it reports a stuck peer."""
     heartbeat_timeout: float = 10.0
@@ -96,6 +101,11 @@ class PipelineConfig:
         if self.checkpoint not in CHECKPOINT_MODES:
             found.append(
                 f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}"
+            )
+        if not isinstance(self.deferred_batch_norm, bool):
+            found.append(
+                f"deferred_batch_norm must be True or False, got {self.deferred_batch_norm!r}; "
+                "fix: deferred_batch_norm=True"
             )
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             found.append(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
