@@ -11,64 +11,23 @@ gloo job that trains every configuration.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from helpers.distributed import run_workers
-from helpers.parity_jobs import SEED, reference, train_job
+from helpers.parity_jobs import SCHEDULES, SEED, compare, every_schedule, reference, train_job
 
 pytestmark = pytest.mark.distributed
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-CHECKPOINTS = ("never", "except_last", "always")
-TOLERANCE = 1e-5
 STEPS = 3
 SIZE = 11  # 5 micro-batches of 3, 2, 2, 2, 2 (uneven)
 MICROBATCHES = 5
 
 
-def configs(num_stages: int) -> list[dict[str, Any]]:
-    return [
-        {"schedule": schedule, "num_stages": num_stages, "checkpoint": checkpoint,
-         "num_microbatches": MICROBATCHES,
-         "stages_per_rank": 2 if schedule == "interleaved-1f1b" else 1}
-        for schedule in SCHEDULES for checkpoint in CHECKPOINTS
-    ]
-
-
-def compare(name: str, results: list[Any], configs: list[dict[str, Any]]) -> list[str]:
-    """Every configuration whose losses or state differ from the reference (or whose
-    ranks' generator state moved), described."""
-    failures = []
-    for c, config in enumerate(configs):
-        expected, expected_losses = reference(
-            name, STEPS, SIZE, num_microbatches=config["num_microbatches"],
-            replicas=config.get("replicas", 1),
-            deferred_batch_norm=config.get("deferred_batch_norm", False))
-        merged: dict[str, Any] = {}
-        for rank in results:
-            merged.update(rank[c][0])
-        if set(merged) != set(expected):
-            failures.append(f"{config}: state keys differ: {sorted(set(merged) ^ set(expected))}")
-            continue
-        worst = max(float((merged[k].double() - expected[k].double()).abs().max()) for k in expected)
-        losses = results[0][c][1]
-        loss_error = max(abs(a - b) for a, b in zip(losses, expected_losses))
-        if worst > TOLERANCE or loss_error > TOLERANCE:
-            failures.append(f"{config}: max |state diff| {worst:.2e}, max |loss diff| {loss_error:.2e}")
-        if not all(rank[c][2] for rank in results):
-            failures.append(f"{config}: a rank's torch generator state changed")
-        if any(rank[c][1] != losses for rank in results):
-            failures.append(f"{config}: the ranks report different losses")
-    return failures
-
-
 def test_the_reference_depends_on_the_seed_so_the_comparisons_can_fail() -> None:
     """The random ops are active: another seed gives other losses, by far more than
     the tolerance."""
-    _, losses = reference("dropout", STEPS, SIZE, num_microbatches=MICROBATCHES)
-    _, other = reference("dropout", STEPS, SIZE, num_microbatches=MICROBATCHES, seed=SEED + 1)
+    _, losses, _ = reference("dropout", STEPS, SIZE, num_microbatches=MICROBATCHES)
+    _, other, _ = reference("dropout", STEPS, SIZE, num_microbatches=MICROBATCHES, seed=SEED + 1)
     assert max(abs(a - b) for a, b in zip(losses, other)) > 1e-3
 
 
@@ -80,9 +39,9 @@ def test_one_and_two_stages_every_schedule_and_checkpoint_mode_equal_the_referen
          "num_microbatches": 3, "stages_per_rank": 2 if schedule == "interleaved-1f1b" else 1}
         for schedule, checkpoint in zip(SCHEDULES, ("always", "never", "except_last", "always"))
     ]
-    chosen = configs(2) + one_stage
+    chosen = every_schedule(2, num_microbatches=MICROBATCHES) + one_stage
     results = run_workers(train_job, 2, "dropout", chosen, STEPS, SIZE, timeout=300)
-    failures = compare("dropout", results, chosen)
+    failures = compare("dropout", results, chosen, steps=STEPS, size=SIZE)
     assert not failures, "\n".join(failures)
 
 
@@ -98,7 +57,7 @@ def test_four_stages_and_replicas_equal_the_reference() -> None:
         {"schedule": "gpipe", "num_stages": 1, "replicas": 4, "num_microbatches": 2,
          "checkpoint": "always"},
     ]
-    chosen = configs(4) + replicated
+    chosen = every_schedule(4, num_microbatches=MICROBATCHES) + replicated
     results = run_workers(train_job, 4, "dropout", chosen, STEPS, SIZE, timeout=300)
-    failures = compare("dropout", results, chosen)
+    failures = compare("dropout", results, chosen, steps=STEPS, size=SIZE)
     assert not failures, "\n".join(failures)
