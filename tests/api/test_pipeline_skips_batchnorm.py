@@ -54,4 +54,4 @@ def test_four_stages_and_two_replicas_equal_single_process() -> None:
 def test_a_stash_without_pop_is_named_on_every_rank() -> None:
     errors = run_workers(unmatched_job, 2, timeout=120)
     for text in errors:
-        assert "stashes 'raw' but no later layer pops it" in text, text
+        assert "'raw'" in text and "no later layer pops it" in text, text
