@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from pipetrain.checkpoint import is_recomputing
+from pipetrain.counts import whole_number
 
 __all__ = ["DeferredBatchNorm"]
 
@@ -36,6 +37,11 @@ class DeferredBatchNorm(_BatchNorm):
 
     If a step has fewer micro-batches than ``chunks`` (a batch smaller than
     ``chunks``), call :meth:`commit` after its last micro-batch.
+
+    torchgpipe's attributes keep their names and meaning: ``chunks`` (an ``int``; a
+    whole float is accepted), ``counter`` (values per channel tracked since the last
+    update), ``tracked`` (micro-batches tracked since then), ``sum`` and
+    ``sum_squares`` (their per-channel sums, read-only).
 
     Example:
         >>> import torch
@@ -63,7 +69,8 @@ class DeferredBatchNorm(_BatchNorm):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        num_chunks = whole_number(chunks)
+        if num_chunks is None or num_chunks < 1:
             raise ValueError(
                 f"chunks must be a positive integer (the number of micro-batches per "
                 f"mini-batch), got {chunks!r}; fix: DeferredBatchNorm({num_features}, "
@@ -73,13 +80,27 @@ class DeferredBatchNorm(_BatchNorm):
             num_features, eps, momentum, affine, track_running_stats=True,
             device=device, dtype=dtype,
         )
-        self.chunks = chunks
+        self.chunks = num_chunks
         # Mean and sum of squared deviations of the micro-batches tracked so far.
         assert self.running_mean is not None  # track_running_stats=True
         self.register_buffer("tracked_mean", torch.zeros_like(self.running_mean), False)
         self.register_buffer("tracked_m2", torch.zeros_like(self.running_mean), False)
-        self.tracked_count = 0
-        self.tracked_microbatches = 0
+        self.counter = 0  # values per channel tracked so far (torchgpipe's name)
+        self.tracked = 0  # micro-batches tracked so far (torchgpipe's name)
+
+    @property
+    def sum(self) -> Tensor:
+        """Per-channel sum of the values tracked so far (torchgpipe's ``sum``), read-only.
+
+        pipetrain keeps a running mean and sum of squared deviations instead (stable in
+        low precision); this and :attr:`sum_squares` are computed from them.
+        """
+        return self.tracked_mean * self.counter
+
+    @property
+    def sum_squares(self) -> Tensor:
+        """Per-channel sum of the squared values tracked so far (torchgpipe's), read-only."""
+        return self.tracked_m2 + self.tracked_mean.square() * self.counter
 
     def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() < 2:
@@ -96,12 +117,12 @@ class DeferredBatchNorm(_BatchNorm):
         with torch.no_grad():
             x = input.detach().to(self.tracked_mean.dtype)
             var, mean = torch.var_mean(x, dim=dims, correction=0)
-            total = self.tracked_count + count
+            total = self.counter + count
             delta = mean - self.tracked_mean
             self.tracked_mean += delta * (count / total)
-            self.tracked_m2 += var * count + delta.square() * (self.tracked_count * count / total)
-        self.tracked_count = total
-        self.tracked_microbatches += 1
+            self.tracked_m2 += var * count + delta.square() * (self.counter * count / total)
+        self.counter = total
+        self.tracked += 1
 
     def commit(self) -> None:
         """Update the running statistics with the micro-batches tracked so far.
@@ -119,9 +140,9 @@ class DeferredBatchNorm(_BatchNorm):
             >>> int(bn.num_batches_tracked)
             1
         """
-        if self.tracked_microbatches == 0:
+        if self.tracked == 0:
             return
-        count = self.tracked_count
+        count = self.counter
         with torch.no_grad():
             assert self.num_batches_tracked is not None  # always tracked
             self.num_batches_tracked += 1
@@ -135,8 +156,8 @@ class DeferredBatchNorm(_BatchNorm):
             self.running_var.lerp_(unbiased_var, factor)
             self.tracked_mean.zero_()
             self.tracked_m2.zero_()
-        self.tracked_count = 0
-        self.tracked_microbatches = 0
+        self.counter = 0
+        self.tracked = 0
 
     def tracked_statistics(self) -> tuple[int, int, Tensor, Tensor]:
         """``(micro-batches, count, mean, m2)`` tracked since the last commit: how many
@@ -150,7 +171,7 @@ class DeferredBatchNorm(_BatchNorm):
             >>> microbatches, count, mean.tolist(), m2.tolist()
             (1, 2, [2.0, 0.0], [2.0, 0.0])
         """
-        return self.tracked_microbatches, self.tracked_count, self.tracked_mean, self.tracked_m2
+        return self.tracked, self.counter, self.tracked_mean, self.tracked_m2
 
     def set_tracked_statistics(self, microbatches: int, count: int, mean: Tensor,
                                m2: Tensor) -> None:
@@ -167,8 +188,8 @@ class DeferredBatchNorm(_BatchNorm):
         with torch.no_grad():
             self.tracked_mean.copy_(mean)
             self.tracked_m2.copy_(m2)
-        self.tracked_count = count
-        self.tracked_microbatches = microbatches
+        self.counter = count
+        self.tracked = microbatches
 
     def forward(self, input: Tensor) -> Tensor:
         """Normalize ``input``; in training, by its own statistics, tracking them."""
@@ -180,7 +201,7 @@ class DeferredBatchNorm(_BatchNorm):
             )
         if not is_recomputing():
             self._track(input)
-            if self.tracked_microbatches >= self.chunks:
+            if self.tracked >= self.chunks:
                 self.commit()
         return F.batch_norm(
             input, None, None, self.weight, self.bias, training=True, momentum=0.0,

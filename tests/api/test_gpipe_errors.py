@@ -29,8 +29,8 @@ def test_not_a_sequential():
 @pytest.mark.parametrize(
     ("balance", "problem"),
     [
-        (None, "the balance is missing"),
-        ([1, 1], "sums to 2 but the module has 3 layers (balance [1, 1])"),
+        (None, "balance is required (got None)"),
+        ([1, 1], "(module: 3, sum of balance: 2); the balance [1, 1] must add up to the module's 3 layers"),
         ([0, 3], "balance[0] = 0"),
         ([4, -1], "balance[1] = -1"),
         ([1, 1, 1, 1], "4 partitions but the module has only 3 layers"),
@@ -53,14 +53,14 @@ def test_the_suggested_balance_works():
     pipetrain.GPipe(three(), eval(suggested))
 
 
-@pytest.mark.parametrize("chunks", [0, -2, 2.0, "4", True])
+@pytest.mark.parametrize("chunks", [0, -2, 2.5, "4.0", True])
 def test_bad_chunks(chunks):
-    with pytest.raises(ValueError, match=rf"chunks must be a positive integer, got {re.escape(repr(chunks))}; fix: chunks=4"):
+    with pytest.raises(ValueError, match=rf"chunks must be positive integer, got {re.escape(repr(chunks))}; fix: chunks=4"):
         pipetrain.GPipe(three(), [2, 1], chunks=chunks)
 
 
 def test_unknown_checkpoint_mode():
-    with pytest.raises(ValueError, match=r"'always', 'except_last', 'never', got 'sometimes'; fix: checkpoint='except_last'"):
+    with pytest.raises(ValueError, match=r"'always', 'except_last', or 'never': got 'sometimes'; fix: checkpoint='except_last'"):
         pipetrain.GPipe(three(), [2, 1], checkpoint="sometimes")
 
 
@@ -99,8 +99,10 @@ def test_unmatched_stash_and_pop():
     with pytest.raises(TypeError) as info:
         pipetrain.GPipe(nn.Sequential(Keep(), nn.ReLU(), Take()), [2, 1])
     message = str(info.value)
-    assert "'0' stashes 'kept' but no later layer pops it" in message
-    assert "'2' pops 'other' but no earlier layer stashes it" in message
+    assert ("no module declared 'kept' as poppable but stashed: '0' stashes it and no later "
+            "layer pops it") in message
+    assert ("'2' declared 'other' as poppable but it was not stashed: no earlier layer "
+            "stashes it") in message
     assert "isolate(ns1)" in message  # the fix
 
 

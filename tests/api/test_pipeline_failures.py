@@ -57,7 +57,7 @@ def test_construction_errors_name_the_bad_value() -> None:
 def test_layout_and_config_errors_need_no_processes() -> None:
     with pytest.raises(ValueError, match=r"unknown schedule 'zigzag'.*gpipe, 1f1b"):
         PipelineConfig(schedule="zigzag")
-    with pytest.raises(ValueError, match="num_microbatches must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="num_microbatches=0 must be a positive integer"):
         PipelineConfig(num_microbatches=0)
     with pytest.raises(ValueError, match="stages_per_rank=2 needs an interleaved schedule"):
         PipelineConfig(schedule="1f1b", stages_per_rank=2)

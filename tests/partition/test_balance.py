@@ -61,16 +61,28 @@ def test_balance_by_size_puts_a_huge_layer_alone():
     assert balance_by_size(3, model, torch.randn(8, 16), chunks=2, device="cpu") == [2, 1, 2]
 
 
-def test_profile_sizes_counts_saved_activations_and_scaled_parameters():
+def test_profile_sizes_counts_new_activations_per_sample_and_scaled_parameters():
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Dropout(0.5))
     x = torch.randn(8, 16, requires_grad=True)
     one = profile_sizes(model, x, chunks=1, param_scale=3.0, device=CPU)
     two = profile_sizes(model, x, chunks=2, param_scale=3.0, device=CPU)
     params = (16 * 16 + 16) * 4
-    # Linear saves its input (the weight is a parameter, not counted twice); ReLU its
-    # output; Dropout its scaled mask - all for one micro-batch.
-    assert one == [8 * 16 * 4 + 3 * params, 8 * 16 * 4, 8 * 16 * 4]
-    assert two == [4 * 16 * 4 + 3 * params, 4 * 16 * 4, 4 * 16 * 4]
+    block = 512  # one sample's 64-byte row, in a CUDA allocation block
+    # Linear: its output (its input existed before; the weight is a parameter); ReLU:
+    # its output, which it saves; Dropout: its output and its mask - per sample, times
+    # the rows of one micro-batch (8 / chunks)
+    assert one == [8 * block + 3 * params, 8 * block, 8 * 2 * block]
+    assert two == [4 * block + 3 * params, 4 * block, 4 * 2 * block]
+
+
+def test_profile_sizes_of_a_layer_that_needs_two_samples():
+    # BatchNorm1d cannot train on one (1, C) sample (torchgpipe's profiler fails on
+    # it): the model is weighed on two samples, per sample
+    model = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16))
+    sizes = profile_sizes(model, torch.randn(8, 16), chunks=2, param_scale=2.0, device=CPU)
+    params = (16 * 16 + 16) * 4
+    assert sizes[0] == 4 * 512 // 2 + 2 * params  # two rows (128 bytes) in one block, halved
+    assert sizes[1] > 2 * 2 * 16 * 4  # its output and saved statistics, and its parameters
 
 
 def test_profile_times_measures_every_layer():
@@ -129,11 +141,20 @@ def test_torchgpipe_style_alias():
     assert pipetrain.balance.balance_by_size is balance_by_size
 
 
-@pytest.mark.parametrize("partitions", [0, 4, 1.0])
-def test_bad_partition_counts(partitions):
+@pytest.mark.parametrize(
+    ("partitions", "error", "message"),
+    [
+        (0, ValueError, r"partitions must be a positive integer \(0 < 1\); fix"),
+        (4, ValueError, r"sequence is shorter than intended partitions \(3 < 4\): the module "
+                        r"has 3 layers .*; fix: balance_by_time\(3, model, sample\)"),
+        (1.0, TypeError, r"positive integer \(the number of partitions\), got 1.0 \(float\)"),
+    ],
+)
+def test_bad_partition_counts(partitions, error, message):
     model = nn.Sequential(*small(3))
-    with pytest.raises(ValueError, match=rf"from 1 to the number of layers \(3\), got "
-                                         rf"{partitions!r}; fix"):
+    with pytest.raises(error, match=message):
         balance_by_time(partitions, model, torch.randn(2, 16), timeout=0.0, device="cpu")
+    with pytest.raises(error, match=message):
+        balance_by_size(partitions, model, torch.randn(2, 16), device="cpu")
     with pytest.raises(TypeError, match=r"must be nn\.Sequential"):
         balance_by_size(1, nn.Linear(16, 16), torch.randn(2, 16), device="cpu")

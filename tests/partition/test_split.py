@@ -32,27 +32,35 @@ def test_verify_module_rejects_empty_duplicates_and_shared_parameters_at_once():
     with pytest.raises(ValueError) as info:
         verify_module(model)
     message = str(info.value)
-    assert "* layer 'c' is the same module object as layer 'a'" in message
-    assert "* parameter 'd.weight' is shared with 'a.weight'" in message
+    # torchgpipe's wording first, then which layers and parameters
+    assert ("* module with duplicate children is not supported: layer 'c' is the same "
+            "module object as layer 'a'") in message
+    assert ("* module with duplicate parameters in distinct children is not supported: "
+            "parameter 'd.weight' is shared with 'a.weight'") in message
     assert "copy.deepcopy(layer)" in message
 
 
 def test_verify_balance_accepts_and_normalizes():
     assert verify_balance((1, 2), 3) == [1, 2]
     assert verify_balance(iter([3]), 3) == [3]
+    # whole numbers of other types, as torchgpipe's balance accepts them, become ints
+    balance = verify_balance([1.0, torch.tensor(2)], 3)
+    assert balance == [1, 2] and all(type(x) is int for x in balance)
+    assert verify_balance([], 0) == []  # an empty module: no partition
 
 
 @pytest.mark.parametrize(
     ("balance", "expected"),
     [
-        (None, r"the balance is missing \(None\)"),
+        (None, r"balance is required \(got None\)"),
         (2, r"must be a list of layer counts, one per partition, got 2"),
         ([], r"the balance is empty"),
-        ([2, 1.5, "1"], r"balance entries must be integers, got balance\[1\] = 1.5, "
-                        r"balance\[2\] = '1'"),
-        ([3, 0, 2], r"at least one layer, got balance\[1\] = 0 \(balance \[3, 0, 2\]\)"),
+        ([2, 1.5, "1"], r"not whole numbers: balance\[1\] = 1.5, balance\[2\] = '1'"),
+        ([3, 0, 2], r"all balance numbers must be positive integer \(balance: \[3, 0, 2\]\); "
+                    r"every partition needs at least one layer, got balance\[1\] = 0"),
         ([-1, 6], r"at least one layer, got balance\[0\] = -1"),
-        ([2, 2], r"the balance sums to 4 but the module has 5 layers"),
+        ([2, 2], r"module and sum of balance have different length \(module: 5, sum of "
+                 r"balance: 4\); the balance \[2, 2\] must add up to the module's 5 layers"),
         ([1] * 6, r"the balance has 6 partitions but the module has only 5 layers"),
     ],
 )
@@ -93,5 +101,5 @@ def test_split_module_keeps_names_objects_and_mode():
 def test_split_module_validates():
     with pytest.raises(TypeError, match=r"must be nn\.Sequential"):
         split_module(nn.Linear(2, 2), [1])
-    with pytest.raises(BalanceError, match="sums to 2 but the module has 3 layers"):
+    with pytest.raises(BalanceError, match=r"\(module: 3, sum of balance: 2\)"):
         split_module(layers(3), [1, 1])

@@ -42,7 +42,7 @@ def problems(model: nn.Module) -> list[str]:
     with pytest.raises(TypeError) as info:
         verify_skippables(model)
     message = str(info.value)
-    assert message.startswith("one or more stash/pop pairs of skip connections do not match")
+    assert message.startswith("one or more pairs of stash and pop do not match")  # torchgpipe's
     assert "isolate(ns1)" in message and "Namespace()" in message  # the fix
     return [line[2:] for line in message.splitlines() if line.startswith("* ")]
 
@@ -54,31 +54,40 @@ def test_matched_pairs_pass():
 
 
 def test_every_problem_is_listed_at_once():
+    # torchgpipe's wording for each problem, then which layers
     assert problems(nn.Sequential(Layer1(), nn.ReLU())) == [
-        "'0' stashes '1to3' but no later layer pops it"
+        "no module declared '1to3' as poppable but stashed: '0' stashes it and no later "
+        "layer pops it"
     ]
     assert problems(nn.Sequential(nn.ReLU(), Layer3())) == [
-        "'1' pops '1to3' but no earlier layer stashes it"
+        "'1' declared '1to3' as poppable but it was not stashed: no earlier layer stashes it"
     ]
     assert problems(nn.Sequential(Layer3(), Layer1())) == [
-        "'0' pops '1to3' but no earlier layer stashes it",
-        "'1' stashes '1to3' but no later layer pops it",
+        "'0' declared '1to3' as poppable but it was not stashed: no earlier layer stashes it",
+        "no module declared '1to3' as poppable but stashed: '1' stashes it and no later "
+        "layer pops it",
     ]
     assert problems(nn.Sequential(Layer1(), nn.ReLU(), Layer3(), Layer3())) == [
-        "'3' pops '1to3', already popped by '2' (not isolated by a namespace)"
+        "'3' redeclared '1to3' as poppable but not isolated by namespace: '2' pops it already"
     ]
     assert problems(nn.Sequential(Layer1(), Layer1(), nn.ReLU(), Layer3())) == [
-        "'1' stashes '1to3', already stashed by '0' (not isolated by a namespace)"
+        "'1' redeclared '1to3' as stashable but not isolated by namespace: '0' stashes it "
+        "already"
     ]
-    assert problems(nn.Sequential(Both())) == ["'0' declares 'same' both as stash and as pop"]
+    assert problems(nn.Sequential(Both())) == [
+        "'0' declared 'same' both as stashable and as poppable"
+    ]
 
 
 def test_namespaces_appear_in_messages():
     ns = Namespace()
     (problem,) = problems(nn.Sequential(Layer1().isolate(ns), Layer3()))[:1]
-    assert problem == "'1' pops '1to3' but no earlier layer stashes it"
+    assert problem == (
+        "'1' declared '1to3' as poppable but it was not stashed: no earlier layer stashes it"
+    )
     assert problems(nn.Sequential(Layer1().isolate(ns), Layer3()))[1] == (
-        f"'0' stashes '1to3' in {ns!r} but no later layer pops it"
+        f"no module declared '1to3' as poppable but stashed (in {ns!r}): '0' stashes it and "
+        f"no later layer pops it"
     )
 
 
@@ -89,7 +98,10 @@ def test_skippables_nested_in_a_child_count_as_the_child():
     model = nn.Sequential(opener, nn.ReLU(), Layer3())
     layout = skip_layout([model[:1], model[1:]])
     assert layout.routes == (SkipRoute((None, "1to3"), stash_stage=0, pop_stage=1),)
-    assert problems(nn.Sequential(opener)) == ["'0.1' stashes '1to3' but no later layer pops it"]
+    assert problems(nn.Sequential(opener)) == [
+        "no module declared '1to3' as poppable but stashed: '0.1' stashes it and no later "
+        "layer pops it"
+    ]
 
 
 def test_skip_layout_of_a_partitioned_unet():
@@ -135,7 +147,8 @@ def test_layout_order_depends_only_on_structure():
 
 def test_skip_layout_rejects_unmatched_partitions():
     model = nn.Sequential(nn.ReLU(), Layer3(), Layer1())
-    with pytest.raises(TypeError, match=r"'1' pops '1to3' but no earlier.*\n\* '2' stashes"):
+    with pytest.raises(TypeError, match=r"'1' declared '1to3' as poppable but it was not "
+                                        r"stashed.*\n\* .*'2' stashes it"):
         skip_layout(split_module(model, [1, 2]))
 
 

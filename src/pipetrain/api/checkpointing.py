@@ -8,6 +8,10 @@ of (seed, step), so restoring the step restores them.
 
 A save is atomic: it is written to ``PATH.partial`` and renamed over ``PATH`` only when
 every rank has finished, so an interrupted save never destroys the previous checkpoint.
+A save also survives whatever an earlier interrupted save left behind (a stale
+``PATH.partial``, a half-deleted ``PATH.previous``, or ``PATH`` missing between the two
+renames), and a load finds the newest complete checkpoint among them
+(:func:`find_checkpoint`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -29,7 +34,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 if TYPE_CHECKING:
     from pipetrain.api.pipeline import Pipeline
 
-__all__ = ["load_pipeline", "save_pipeline"]
+__all__ = ["find_checkpoint", "is_complete", "load_pipeline", "read_checkpoint_info", "save_pipeline"]
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -51,6 +56,59 @@ def _state(pipeline: Pipeline, extra: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def is_complete(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a complete checkpoint (DCP writes ``.metadata`` last).
+
+    Example:
+        >>> is_complete("/nonexistent/checkpoint")
+        False
+    """
+    return os.path.isfile(os.path.join(os.fspath(path), ".metadata"))
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> str | None:
+    """The newest complete checkpoint at ``path``, looking at what an interrupted save
+    may have left: ``path`` itself, else ``path.partial`` (written completely but not
+    yet renamed), else ``path.previous`` (renamed away, the new one not yet in place).
+
+    Example:
+        >>> find_checkpoint("/nonexistent/checkpoint") is None
+        True
+    """
+    path = os.fspath(path)
+    for candidate in (path, path + ".partial", path + ".previous"):
+        if is_complete(candidate):
+            return candidate
+    return None
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def _commit(partial: str, path: str) -> None:
+    """Put the complete checkpoint ``partial`` in place of ``path`` (rank 0 only).
+
+    At every moment a complete checkpoint exists under ``path``, ``path.partial`` or
+    ``path.previous``; leftovers of an interrupted earlier save are cleared first,
+    keeping the one complete checkpoint among them.
+    """
+    previous = path + ".previous"
+    if os.path.lexists(previous):
+        if is_complete(path) or not is_complete(previous):
+            _remove(previous)  # a cleanup that was cut short
+        elif os.path.lexists(path):
+            _remove(path)  # incomplete; the previous one is the last good checkpoint
+    if os.path.lexists(path):
+        os.replace(path, previous)
+    os.replace(partial, path)
+    if os.path.lexists(previous):
+        _remove(previous)
+
+
 def save_pipeline(pipeline: Pipeline, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None) -> None:
     """Save ``pipeline`` (all ranks call this) to the directory ``path``.
 
@@ -62,23 +120,23 @@ def save_pipeline(pipeline: Pipeline, path: str | os.PathLike[str], *, extra: di
     """
     path = os.fspath(path)
     partial = path + ".partial"
-    if dist.get_rank() == 0 and os.path.exists(partial):
-        shutil.rmtree(partial)
+    if dist.get_rank() == 0 and os.path.lexists(partial):
+        if not is_complete(path) and is_complete(partial):
+            _commit(partial, path)  # an earlier save finished writing but not renaming
+        else:
+            _remove(partial)
     dist.barrier()
     dcp_save(_state(pipeline, extra), checkpoint_id=partial)
     dist.barrier()
     if dist.get_rank() == 0:
-        previous = path + ".previous"
-        if os.path.exists(path):
-            os.replace(path, previous)
-        os.replace(partial, path)
-        if os.path.exists(previous):
-            shutil.rmtree(previous)
+        _commit(partial, path)
     dist.barrier()
 
 
 def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Load a checkpoint saved by :func:`save_pipeline` (any layout); returns ``extra``.
+
+    Reads the newest complete checkpoint at ``path`` (see :func:`find_checkpoint`).
 
     Raises:
         FileNotFoundError: ``path`` holds no checkpoint (the message names it).
@@ -87,13 +145,14 @@ def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str,
 
         extra = load_pipeline(pipe, "runs/demo/checkpoint")
     """
-    path = os.fspath(path)
-    if not os.path.exists(os.path.join(path, ".metadata")):
+    found = find_checkpoint(path)
+    if found is None:
         raise FileNotFoundError(
-            f"no pipetrain checkpoint in {path!r} (no .metadata file); fix: pass the "
+            f"no pipetrain checkpoint in {os.fspath(path)!r} (no .metadata file); fix: pass the "
             "checkpoint directory written by Pipeline.save / `pipetrain train --out DIR` "
             "(DIR/checkpoint)"
         )
+    path = found
     state = _state(pipeline, None)
     dcp_load(state, checkpoint_id=path)
     pipeline.model.load_state_dict(state["model"])
@@ -106,3 +165,25 @@ def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str,
             scheduler.load_state_dict(meta["scheduler"])
     extra: dict[str, Any] | None = meta.get("extra")
     return extra
+
+
+def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The step and ``extra`` of the newest complete checkpoint at ``path``, read in this
+    process alone (no job needed; only the small metadata entry is read).
+
+    Raises:
+        FileNotFoundError: ``path`` holds no complete checkpoint.
+
+    Example::
+
+        read_checkpoint_info("runs/demo/checkpoint")   # {'step': 1000, 'extra': {...}}
+    """
+    found = find_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"no pipetrain checkpoint in {os.fspath(path)!r} (no .metadata file)")
+    state: dict[str, Any] = {"meta": b""}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(state, checkpoint_id=found)
+    meta = pickle.loads(state["meta"])
+    return {"step": int(meta["step"]), "extra": meta.get("extra"), "path": found}

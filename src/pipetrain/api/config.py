@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from pipetrain.api.grad_check import NONFINITE_POLICIES
 from pipetrain.checkpoint import CHECKPOINT_MODES
-from pipetrain.schedule import SCHEDULE_NAMES, canonical_name
+from pipetrain.schedule import TRAINING_SCHEDULES, canonical_name
 
-__all__ = ["PipelineConfig"]
+__all__ = ["PipelineConfig", "Spelling", "config_problems"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +30,8 @@ class PipelineConfig:
     """
 
     schedule: str = "1f1b"
-    """``gpipe``, ``1f1b``, ``interleaved-1f1b`` or ``zb-h1``."""
+    """One of :data:`~pipetrain.schedule.TRAINING_SCHEDULES`: ``gpipe``, ``1f1b``,
+    ``interleaved-1f1b`` or ``zb-h1`` (or an alias)."""
     num_stages: int = 2
     """Pipeline ranks per replica (``K``)."""
     stages_per_rank: int = 1
@@ -53,6 +57,11 @@ class PipelineConfig:
     """Seconds a rank waits for a message before it reports a stuck peer."""
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which a peer is declared dead."""
+    nonfinite: str = "error"
+    """A step whose loss or global gradient norm is not finite: ``error`` applies no
+    update and raises :class:`~pipetrain.api.grad_check.NonFiniteError` (the weights
+    stay those of the last good step); ``skip`` applies no update and goes on (the step
+    counts); ``ignore`` applies it anyway."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
@@ -72,44 +81,82 @@ class PipelineConfig:
         """Processes the layout needs: ``num_stages * replicas``."""
         return self.num_stages * self.replicas
 
-    def problems(self) -> list[str]:
-        """Every problem with the configuration, each with its fix."""
-        found: list[str] = []
-        try:
-            name = canonical_name(self.schedule)
-        except ValueError:
-            found.append(
-                f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULE_NAMES)}"
-            )
-            name = ""
-        if name == "forward":
-            found.append("schedule 'forward' has no backward; use it through eval_step()")
-        for attr in ("num_stages", "stages_per_rank", "num_microbatches", "replicas"):
-            value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                found.append(f"{attr} must be a positive integer, got {value!r}")
-        if name == "interleaved-1f1b" and isinstance(self.stages_per_rank, int) and self.stages_per_rank < 2:
-            found.append(
-                f"schedule 'interleaved-1f1b' needs stages_per_rank >= 2, got "
-                f"{self.stages_per_rank}; fix: stages_per_rank=2"
-            )
-        if name not in ("interleaved-1f1b", "") and self.stages_per_rank != 1:
-            found.append(
-                f"stages_per_rank={self.stages_per_rank} needs an interleaved schedule; fix: "
-                f"schedule='interleaved-1f1b' or stages_per_rank=1"
-            )
-        if self.checkpoint not in CHECKPOINT_MODES:
-            found.append(
-                f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}"
-            )
-        if not isinstance(self.deferred_batch_norm, bool):
-            found.append(
-                f"deferred_batch_norm must be True or False, got {self.deferred_batch_norm!r}; "
-                "fix: deferred_batch_norm=True"
-            )
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            found.append(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
-        if not self.timeout > 0:
-            found.append(f"timeout must be positive, got {self.timeout!r}")
-        found.extend(self.extra_problems)
-        return found
+    def problems(self, *, spell: Spelling | None = None) -> list[str]:
+        """Every problem with the configuration, each with its fix (see
+        :func:`config_problems`)."""
+        return config_problems(
+            {f.name: getattr(self, f.name) for f in fields(self)}, spell=spell
+        )
+
+
+Spelling = Callable[[str, Any], str]
+"""How an error message writes a setting: ``spell("stages_per_rank", 2)`` gives
+``stages_per_rank=2`` in Python; a command line spells it by its flag (``--virtual 2``)."""
+
+
+def _python_spelling(name: str, value: Any) -> str:
+    return f"{name}={value!r}"
+
+
+def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None) -> list[str]:
+    """Every problem with the :class:`PipelineConfig` fields ``values`` (missing fields
+    take their defaults), each naming the bad value and a fix written by ``spell``.
+
+    Example:
+        >>> config_problems({"schedule": "1f1b", "stages_per_rank": 2})
+        ["stages_per_rank=2 needs an interleaved schedule; fix: schedule='interleaved-1f1b' or stages_per_rank=1"]
+        >>> config_problems({"num_stages": 0}, spell=lambda name, value: f"--{name} {value}")
+        ['--num_stages 0 must be a positive integer, e.g. --num_stages 2']
+    """
+    say = _python_spelling if spell is None else spell
+    v: dict[str, Any] = {f.name: f.default for f in fields(PipelineConfig)} | dict(values)
+    v["extra_problems"] = tuple(v.get("extra_problems") or ())
+    found: list[str] = []
+    try:
+        name = canonical_name(v["schedule"])
+    except ValueError:
+        name = ""
+    if name not in TRAINING_SCHEDULES:
+        choices = ", ".join(TRAINING_SCHEDULES)
+        what = (f"schedule {v['schedule']!r} has no backward (eval_step runs it)"
+                if name == "forward" else f"unknown schedule {v['schedule']!r}")
+        found.append(f"{what}; choose one of {choices}, e.g. {say('schedule', '1f1b')}")
+        name = ""
+    for attr in ("num_stages", "stages_per_rank", "num_microbatches", "replicas"):
+        value = v[attr]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            example = 2 if attr in ("num_stages", "stages_per_rank") else 8 if attr == "num_microbatches" else 1
+            found.append(f"{say(attr, value)} must be a positive integer, e.g. {say(attr, example)}")
+    stages_per_rank = v["stages_per_rank"]
+    if name == "interleaved-1f1b" and isinstance(stages_per_rank, int) and stages_per_rank < 2:
+        found.append(
+            f"schedule 'interleaved-1f1b' needs stages_per_rank >= 2, got "
+            f"{say('stages_per_rank', stages_per_rank)}; fix: {say('stages_per_rank', 2)}"
+        )
+    if name not in ("interleaved-1f1b", "") and stages_per_rank != 1:
+        found.append(
+            f"{say('stages_per_rank', stages_per_rank)} needs an interleaved schedule; fix: "
+            f"{say('schedule', 'interleaved-1f1b')} or {say('stages_per_rank', 1)}"
+        )
+    if v["checkpoint"] not in CHECKPOINT_MODES:
+        found.append(
+            f"{say('checkpoint', v['checkpoint'])}: the mode must be one of "
+            f"{', '.join(CHECKPOINT_MODES)}, e.g. {say('checkpoint', 'never')}"
+        )
+    if not isinstance(v["deferred_batch_norm"], bool):
+        found.append(f"{say('deferred_batch_norm', v['deferred_batch_norm'])} must be True or "
+                     f"False, e.g. {say('deferred_batch_norm', True)}")
+    clip = v["clip_grad_norm"]
+    if clip is not None and not (isinstance(clip, (int, float)) and clip > 0 and math.isfinite(clip)):
+        found.append(f"{say('clip_grad_norm', clip)} must be a positive number, e.g. "
+                     f"{say('clip_grad_norm', 1.0)}")
+    if v["nonfinite"] not in NONFINITE_POLICIES:
+        found.append(
+            f"{say('nonfinite', v['nonfinite'])} must be one of {', '.join(NONFINITE_POLICIES)}"
+        )
+    timeout = v["timeout"]
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        found.append(f"{say('timeout', timeout)} must be a positive number of seconds, e.g. "
+                     f"{say('timeout', 300.0)}")
+    found.extend(v["extra_problems"])
+    return found

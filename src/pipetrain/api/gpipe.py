@@ -9,6 +9,7 @@ activations and gradients move through the thread transport.
 from __future__ import annotations
 
 import functools
+import numbers
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
@@ -20,6 +21,7 @@ from pipetrain.api.local_step import LocalPipeline
 from pipetrain.api.random_streams import SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
+from pipetrain.counts import whole_number
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
@@ -42,8 +44,9 @@ class MovingModuleError(TypeError):
 def _moving_denied(call: str, devices: list[torch.device]) -> MovingModuleError:
     placed = [str(d) for d in devices]
     return MovingModuleError(
-        f"GPipe.{call} would move every partition to one device, but GPipe keeps each "
-        f"partition on its own device (now {placed}); fix: choose the devices when "
+        f"GPipe.{call} would move every partition to one device: denied to move "
+        f"parameters and buffers, because GPipe should manage device placement (each "
+        f"partition stays on its own device, now {placed}); fix: choose the devices when "
         f"wrapping the model, GPipe(model, balance, devices={placed}) (one per partition, "
         "e.g. ['cuda:0', 'cuda:1']). Converting the dtype (gpipe.to(torch.float64), "
         "gpipe.double()) is allowed."
@@ -76,12 +79,45 @@ def _resolve_devices(devices: Iterable[Device] | None, num_partitions: int) -> l
     resolved = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
     if len(resolved) < num_partitions:
         raise IndexError(
-            f"too few devices to hold the partitions: {len(resolved)} devices "
+            f"too few devices to hold given partitions (devices: {len(resolved)}, "
+            f"partitions: {num_partitions}): {len(resolved)} devices "
             f"({[str(d) for d in resolved]}) for {num_partitions} partitions; fix: pass one "
             f"device per partition, e.g. devices={['cpu'] * num_partitions}, or use fewer "
             "partitions (several partitions may share a device)"
         )
     return resolved[:num_partitions]
+
+
+def _chunks(value: Any) -> int:
+    """``chunks`` as an ``int``: whole numbers (``4``, ``4.0``) and ``'4'``, as torchgpipe's
+    ``int(chunks)`` takes them; fractions, bools and non-numbers are refused."""
+    fix = ("fix: chunks=4 splits each mini-batch into 4 micro-batches (use at least 4x the "
+           "number of partitions to keep the pipeline bubble small)")
+    if isinstance(value, str):
+        number = int(value) if value.strip().lstrip("+-").isdigit() else None
+    else:
+        number = whole_number(value)
+        if number is None and not isinstance(value, numbers.Real):  # bool is one
+            raise TypeError(
+                f"number of chunks must be positive integer, got {value!r} "
+                f"({type(value).__name__}); {fix}"
+            )
+    if number is None or number < 1:
+        raise ValueError(f"number of chunks must be positive integer, got {value!r}; {fix}")
+    return number
+
+
+def _check_tensors(value: Any) -> None:
+    """torchgpipe's input check for an empty GPipe: a tensor or a tuple of tensors."""
+    if isinstance(value, tuple):
+        for item in value:
+            _check_tensors(item)
+    elif not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"expected Tensor, but got {type(value).__name__}: a GPipe of an empty "
+            f"nn.Sequential passes on a tensor or a (nested) tuple of tensors unchanged; "
+            f"fix: pass the batch as a tensor or a tuple of tensors"
+        )
 
 
 class GPipe(nn.Module):
@@ -91,15 +127,19 @@ class GPipe(nn.Module):
     layers, partition ``j`` on ``devices[j]``. Each mini-batch is split into ``chunks``
     micro-batches that flow through the partitions concurrently; ``loss.backward()``
     runs the pipelined backward. Outputs and gradients equal those of the unpipelined
-    module (transparency).
+    module (transparency). As in torchgpipe, ``GPipe(nn.Sequential(), [])`` has no
+    partition and returns its input (a tensor or a tuple of tensors) unchanged.
 
     Args:
         module: the ``nn.Sequential`` to pipeline.
         balance: layers per partition, e.g. ``[2, 2]``; see :mod:`pipetrain.balance`.
         devices: one device per partition (default: all CUDA devices, else the CPU for
             every partition). Several partitions may share a device.
-        chunks: number of micro-batches (a smaller batch gives fewer).
-        checkpoint: ``'always'``, ``'except_last'`` or ``'never'``: which micro-batches
+        chunks: number of micro-batches (a smaller batch gives fewer). As in
+            torchgpipe, a whole float (``4.0``) or a numeric string (``'4'``) is taken
+            and stored as ``int``.
+        checkpoint: ``'always'``, ``'except_last'`` or ``'never'`` (anything whose
+            ``str()`` is one of them, stored as ``str``): which micro-batches
             are re-materialized in backward. ``'except_last'`` re-materializes all but
             the one whose backward runs first, as torchgpipe does; in GPipe's fill-drain
             order (backward in forward order) that is the first micro-batch.
@@ -147,7 +187,8 @@ class GPipe(nn.Module):
         recompute_ahead: int = 1,
     ) -> None:
         super().__init__()
-        verify_module(module)
+        if not isinstance(module, nn.Sequential) or len(module) > 0:
+            verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
         verify_skippables(module)
         if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
                 or recompute_ahead < 0:
@@ -156,30 +197,26 @@ class GPipe(nn.Module):
                 "fix: recompute_ahead=1 (the default) lets idle workers rebuild one "
                 "micro-batch ahead, recompute_ahead=0 keeps torchgpipe's peak memory"
             )
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        num_chunks = _chunks(chunks)
+        mode = str(checkpoint)  # like torchgpipe: any value whose str() is a mode
+        if mode not in CHECKPOINT_MODES:
             raise ValueError(
-                f"chunks must be a positive integer, got {chunks!r}; fix: chunks=4 splits "
-                "each mini-batch into 4 micro-batches (use at least 4x the number of "
-                "partitions to keep the pipeline bubble small)"
-            )
-        if checkpoint not in CHECKPOINT_MODES:
-            raise ValueError(
-                f"checkpoint must be one of {', '.join(repr(m) for m in CHECKPOINT_MODES)}, "
-                f"got {checkpoint!r}; fix: checkpoint='except_last' (the default)"
+                f"checkpoint is not one of 'always', 'except_last', or 'never': got "
+                f"{checkpoint!r}; fix: checkpoint='except_last' (the default)"
             )
         balance_list = verify_balance(None if balance is None else list(balance), len(module))
         device_list = _resolve_devices(devices, len(balance_list))
         if deferred_batch_norm:
-            module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
+            module = DeferredBatchNorm.convert_deferred_batch_norm(module, num_chunks)
 
         self.balance = balance_list
         self.devices = device_list
-        self.chunks = chunks
-        self.checkpoint = checkpoint
+        self.chunks = num_chunks
+        self.checkpoint = mode
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
         self.timeout = timeout
-        partitions = split_module(module, balance_list)
+        partitions = split_module(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
             partition.to(device)
         self.partitions = nn.ModuleList(partitions)
@@ -249,7 +286,22 @@ class GPipe(nn.Module):
         return self._local
 
     def forward(self, input: Any) -> Any:
-        """Run the pipeline on a mini-batch (a tensor or a nested value of tensors)."""
+        """Run the pipeline on a mini-batch (a tensor or a nested value of tensors).
+
+        Raises:
+            TypeError: ``input`` holds no tensor (torchgpipe's "expected Tensor"); for
+                the GPipe of an empty ``nn.Sequential``, which returns ``input``
+                itself, anything but a tensor or a tuple of tensors.
+        """
+        if not self.partitions:
+            _check_tensors(input)
+            return input
+        if not any(True for _ in iter_tensors(input)):
+            raise TypeError(
+                f"expected Tensor, but got {type(input).__name__} ({input!r:.80}): the "
+                f"mini-batch holds no tensor to split into micro-batches; fix: pass a "
+                f"tensor, or a tuple / list / dict of tensors whose dim 0 is the batch"
+            )
         batches = split_batch(input, self.chunks)
         pipeline = self._pipeline()
         num_microbatches = len(batches)

@@ -3,15 +3,16 @@
 ``REDUCE(j)`` starts the all-reduce of stage ``j``'s gradients without waiting: over the
 stage's data-parallel replica group for ordinary parameters, over the tie group (every
 holder of the weight, in every replica) for tied ones, so tied copies get the sum of all
-their gradients. The first ``STEP`` of a step finishes every reduction of the rank, clips
-by the global gradient norm (each weight counted once, over all stages), then each
-``STEP(j)`` steps stage ``j``'s optimizer and LR scheduler and zeroes its gradients.
+their gradients. The first ``STEP`` of a step finishes every reduction of the rank and
+checks the step (:mod:`.grad_check`: the global gradient norm, each weight counted once
+over all stages, and whether every loss was finite), clips by the global norm, then each
+``STEP(j)`` steps stage ``j``'s optimizer and LR scheduler and zeroes its gradients. A
+non-finite step applies no update on any stage (unless ``nonfinite='ignore'``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from pipetrain.api.grad_check import GradCheck, check_gradients
 
 __all__ = ["OptimizerFactory", "SchedulerFactory", "StageOptimizers", "TiedParameter"]
 
@@ -65,6 +68,7 @@ class StageOptimizers:
         pp_group: Any = None,  # the replica's pipeline ranks (None: the default group)
         ties: Sequence[TiedParameter] = (),
         clip_grad_norm: float | None = None,
+        nonfinite: str = "error",
         release: Callable[[int], None] | None = None,
     ) -> None:
         self.release = release
@@ -81,16 +85,38 @@ class StageOptimizers:
         self.ties = list(ties)
         self._tied_ids = {id(t.param) for t in self.ties}
         self.clip_grad_norm = clip_grad_norm
-        self.last_grad_norm: float | None = None
+        self.nonfinite = nonfinite
+        """``error`` / ``skip``: a non-finite step applies no update; ``ignore``: it does."""
+        self.check_group: Any = None
+        """Process group of the step check (every rank of the job; None: the default group)."""
+        self.last_check: GradCheck | None = None
+        """The gradient check of the last step (None when neither clipping nor the
+        non-finite guard needs one)."""
         self.scalar_device = torch.device("cpu")
         """Where scalars for collectives live (the GPU with NCCL)."""
+        self.losses_finite: Callable[[], bool] = lambda: True
+        """Whether the losses this rank computed in the current step are all finite (set
+        by the pipeline for each step)."""
         self._pending: dict[int, _Pending] = {}
         self._stepped = False
+        self._apply = True
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm of the last step, before clipping (None if unchecked)."""
+        return None if self.last_check is None else self.last_check.grad_norm
+
+    @property
+    def skipped(self) -> bool:
+        """Whether the last step's update was skipped because it was not finite."""
+        return not self._apply
 
     def begin_step(self) -> None:
         """Reset the per-step state (call before running a step's actions)."""
         self._pending.clear()
         self._stepped = False
+        self._apply = True
+        self.last_check = None
 
     # -- REDUCE -------------------------------------------------------------------------
     def reduce(self, stage: int) -> None:
@@ -122,36 +148,36 @@ class StageOptimizers:
         self._pending.clear()
 
     # -- STEP ---------------------------------------------------------------------------
-    def _clip(self) -> None:
+    def _own_params(self) -> list[nn.Parameter]:
+        """This rank's parameters, each weight counted once per replica."""
         tied_elsewhere = {id(t.param) for t in self.ties if not t.counts_in_norm}
-        seen: set[int] = set()
-        total = torch.zeros((), dtype=torch.float64, device=self.scalar_device)
-        for params in self.stage_params.values():
-            for p in params:
-                if p.grad is None or id(p) in seen or id(p) in tied_elsewhere:
-                    continue
-                seen.add(id(p))
-                total += p.grad.detach().double().pow(2).sum().to(self.scalar_device)
-        if dist.is_initialized() and dist.get_world_size(self.pp_group) > 1:
-            dist.all_reduce(total, group=self.pp_group)
-        norm = math.sqrt(float(total))
-        self.last_grad_norm = norm
-        assert self.clip_grad_norm is not None
-        coef = self.clip_grad_norm / (norm + 1e-6)
-        if coef < 1.0:
-            for params in self.stage_params.values():
-                for p in {id(p): p for p in params}.values():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
+        unique = {id(p): p for params in self.stage_params.values() for p in params}
+        return [p for key, p in unique.items() if key not in tied_elsewhere]
+
+    def _check(self) -> None:
+        if self.clip_grad_norm is None and self.nonfinite == "ignore":
+            return
+        check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
+                                replicas=self.dp_size, device=self.scalar_device,
+                                group=self.check_group)
+        self.last_check = check
+        if not check.finite and self.nonfinite != "ignore":
+            self._apply = False
+            return
+        if self.clip_grad_norm is not None:
+            unique = {id(p): p for params in self.stage_params.values() for p in params}
+            torch.nn.utils.clip_grads_with_norm_(
+                list(unique.values()), self.clip_grad_norm, torch.tensor(check.grad_norm)
+            )
 
     def step(self, stage: int) -> None:
         if not self._stepped:
             self._stepped = True
             self._finish_reductions()
-            if self.clip_grad_norm is not None:
-                self._clip()
-        self.optimizers[stage].step()
-        if stage in self.schedulers:
+            self._check()
+        if self._apply:
+            self.optimizers[stage].step()
+        if stage in self.schedulers and (self._apply or self.nonfinite == "skip"):
             self.schedulers[stage].step()
         if self.release is not None:
             self.release(stage)

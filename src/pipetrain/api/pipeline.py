@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from pipetrain.api.config import PipelineConfig
+from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
 from pipetrain.api.pipeline_stages import (
@@ -30,9 +31,10 @@ from pipetrain.api.pipeline_stages import (
     model_skip_layout,
     stage_parameters,
 )
+from pipetrain.api.step_batches import StepSplitter
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.checkpoint import checkpoint_stop
-from pipetrain.microbatch import batch_size, merge_batches, split_batch
+from pipetrain.microbatch import merge_batches
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
@@ -149,6 +151,7 @@ class Pipeline:
             pp_group=self._groups["pp"],
             ties=ties_here,
             clip_grad_norm=config.clip_grad_norm,
+            nonfinite=config.nonfinite,
             release=lambda stage: self.stages[stage].release_gradients(),
         )
         self._monitor = self._start_monitor()
@@ -182,6 +185,11 @@ class Pipeline:
         """This rank's measured actions of the last step (seconds since its start)."""
         self.last_step_start: float = 0.0
         """Wall-clock time (``time.time()``) at which the last step started on this rank."""
+        self.last_step_skipped = False
+        """Whether the last training step's update was skipped (``nonfinite='skip'``)."""
+        self._splitter = StepSplitter(replicas=config.replicas, replica=self.replica,
+                                      num_microbatches=config.num_microbatches)
+        self._holds_last = len(self.layout.stage_to_rank) - 1 in self.local_stages
 
     # -- construction -------------------------------------------------------------------
     def _check_schedule(self, num_microbatches: int) -> None:
@@ -256,17 +264,6 @@ class Pipeline:
         return str(token[0])
 
     # -- running ------------------------------------------------------------------------
-    def _shard(self, value: Any) -> Any:
-        if self.config.replicas == 1:
-            return value
-        shards = split_batch(value, self.config.replicas)
-        if len(shards) <= self.replica:
-            raise ValueError(
-                f"a batch of {batch_size(value)} samples cannot feed {self.config.replicas} "
-                "replicas; fix: use a batch of at least one sample per replica"
-            )
-        return shards[self.replica]
-
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
         self.last_step_start = time.time()
@@ -288,67 +285,69 @@ class Pipeline:
             dist.all_reduce(local)
         return float(local)
 
-    def _microbatches(self, inputs: Any, targets: Any) -> tuple[list[Any], list[Any], list[float]]:
-        total = batch_size(inputs)
-        batches = split_batch(self._shard(inputs), self.config.num_microbatches)
-        labels = split_batch(self._shard(targets), self.config.num_microbatches)
-        if len(labels) != len(batches):
-            raise ValueError(
-                f"inputs and targets split into {len(batches)} and {len(labels)} micro-batches: "
-                "they must have the same batch size"
-            )
-        scales = [batch_size(b) / total for b in batches]
-        return batches, labels, scales
-
     def train_step(self, inputs: Any, targets: Any) -> float:
         """One training step on a batch; returns its mean loss (the same on every rank).
 
         Every rank passes the same global batch (tensors of equal dim 0; nested values
-        allowed); each replica takes its share, split into micro-batches.
+        allowed); each replica takes its share, split into micro-batches. The first batch
+        must give every replica at least ``num_microbatches`` samples; a later, smaller
+        batch (the last of an epoch) runs as fewer micro-batches, with the same math.
+
+        Raises:
+            NonFiniteError: the loss or the global gradient norm is not finite (with
+                ``nonfinite='error'``); no stage applied the update and :attr:`step`
+                did not advance.
         """
-        batches, labels, scales = self._microbatches(inputs, targets)
-        schedule = self._schedule(self.schedule_name, len(batches))
-        holds_first = 0 in self.local_stages
-        holds_last = self.layout.stage_to_rank.__len__() - 1 in self.local_stages
+        batches = self._splitter.train(inputs, targets)
+        num_microbatches = len(batches.inputs)
+        schedule = self._schedule(self.schedule_name, num_microbatches)
         io = StepIO(
-            inputs=batches if holds_first else None,
-            targets=labels if holds_last else None,
-            loss_scales=scales,
-            checkpoint_stop=checkpoint_stop(self.config.checkpoint, len(batches)),
+            inputs=batches.inputs if 0 in self.local_stages else None,
+            targets=batches.targets if self._holds_last else None,
+            loss_scales=batches.scales,
+            checkpoint_stop=checkpoint_stop(self.config.checkpoint, num_microbatches),
         )
         self.optimizers.begin_step()
+        self.optimizers.losses_finite = lambda: all(
+            bool(torch.isfinite(loss)) for loss in io.losses.values()
+        )
         for module in self.layers.values():
             module.train()
         self._run(schedule.actions[self.pipeline_rank], io)
-        self._norms.commit()
+        self._norms.commit()  # (also after a non-finite step, as nn.BatchNorm would)
+        loss = self._mean_loss(io)
+        self.last_step_skipped = self.optimizers.skipped
+        if self.last_step_skipped and self.config.nonfinite == "error":
+            raise NonFiniteError.at_step(self.step + 1, loss=loss,
+                                         grad_norm=self.optimizers.last_grad_norm)
         self.step += 1
-        return self._mean_loss(io)
+        return loss
 
     def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
         """Forward only. With ``targets``: the mean loss (every rank). Without: the model's
         output, on the last stage's ranks (every rank if ``broadcast``; else ``None``
-        elsewhere)."""
-        if targets is not None:
-            batches, labels, scales = self._microbatches(inputs, targets)
-        else:
-            batches = split_batch(self._shard(inputs), self.config.num_microbatches)
-            labels, scales = [None] * len(batches), [1.0] * len(batches)
-        schedule = self._schedule("forward", len(batches))
-        last = self.layout.stage_to_rank.__len__() - 1
-        holds_last = last in self.local_stages
+        elsewhere). A batch may be of any size, also smaller than the number of replicas
+        (the replicas left without a sample then idle)."""
+        batches = self._splitter.eval(inputs, targets)
+        num_microbatches = len(batches.inputs)
         io = StepIO(
-            inputs=batches if 0 in self.local_stages else None,
-            targets=labels if holds_last and targets is not None else None,
-            loss_scales=scales,
+            inputs=batches.inputs if 0 in self.local_stages else None,
+            targets=batches.targets if self._holds_last and targets is not None else None,
+            loss_scales=batches.scales,
         )
         for module in self.layers.values():
             module.eval()
-        with torch.no_grad():
-            self._run(schedule.actions[self.pipeline_rank], io)
+        if num_microbatches:
+            schedule = self._schedule("forward", num_microbatches)
+            with torch.no_grad():
+                self._run(schedule.actions[self.pipeline_rank], io)
         if targets is not None:
             return self._mean_loss(io)
-        output = merge_batches([io.outputs[i] for i in range(len(batches))]) if holds_last else None
+        output = None
+        if self._holds_last and num_microbatches:
+            output = merge_batches([io.outputs[i] for i in range(num_microbatches)])
         if broadcast:
+            last = len(self.layout.stage_to_rank) - 1
             box = [output]
             src = self.layout.global_rank(pipeline_rank=self.layout.stage_to_rank[last], replica=0)
             dist.broadcast_object_list(box, src=src)

@@ -25,9 +25,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("run_folder", metavar="RUN", help="the run folder of `pipetrain train`")
     parser.add_argument("--prompt", default="def ", help="text to continue (default 'def ')")
     parser.add_argument("--bytes", type=int, default=300, help="how many bytes to generate")
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="sampling temperature: lower is more conservative, 0 always picks "
+                             "the most likely byte (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=40,
+                        help="sample from the k most likely bytes only (default 40)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the sampling (default 0; the same seed gives the same text)")
     parser.set_defaults(run=run)
     return parser
 

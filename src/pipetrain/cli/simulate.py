@@ -52,7 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--cost",
         default="",
         metavar="SPEC",
-        help="costs, e.g. forward=1,backward=2,communication=0.1 (per stage: forward=1:1:2)",
+        help="per-action costs: forward, backward, backward_input, backward_weight, "
+             "communication (a message's latency), send (how long posting a message keeps "
+             "the sender busy), reduce, step; e.g. forward=1,backward=2,communication=0.1,"
+             "send=0.05; per stage: forward=1:1:2",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the timeline to a PNG")

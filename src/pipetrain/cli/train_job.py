@@ -1,22 +1,19 @@
-"""The main job, inside one worker: train the GPT as a pipeline and write the run folder.
+"""The main job, inside one worker: train the GPT as a pipeline and keep the run folder.
 
-Every rank runs this loop; rank 0 shows the progress and writes the run folder:
-``config.json``, ``metrics.json`` (per-step loss, throughput, measured bubble, per-stage
-busy/idle, peak memory), ``timeline.png`` (the measured per-stage timeline of the last
-step), ``trace.json`` (Chrome trace of the last steps), ``sample.txt`` and the sharded
-``checkpoint/``.
+Every rank runs this loop; rank 0 shows the progress and writes the run folder
+(``config.json``, ``metrics.json``, ``timeline.png``, ``trace.json``, ``sample.txt``;
+every rank writes its shard of ``checkpoint/``). Whatever ends the run — its last step,
+a non-finite step, Ctrl-C / SIGTERM, a failed sample — the records are written first.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 from typing import Any
@@ -24,29 +21,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
-from pipetrain.cli.train import _pipeline_config
+from pipetrain.cli.run_folder import new_run_problem, write_json
+from pipetrain.cli.stop_signals import StopRequest
+from pipetrain.cli.train_checks import Resume, prepare
+from pipetrain.cli.train_options import flag, gpt_config, pipeline_config, recorded
+from pipetrain.cli.train_records import RunRecords
+from pipetrain.cli.worker_errors import RunStopped, UsageError, report_failure
 from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
+from pipetrain.launch.local import LAUNCHED_ENV
 from pipetrain.models import GPTConfig, generate, gpt_layer_factories, gpt_loss, gpt_ties
 from pipetrain.runtime.process_group import init_distributed
-from pipetrain.schedule import TimedAction, simulate
-from pipetrain.trace import (
-    ProgressBar,
-    measure_step,
-    offsets_from_origins,
-    render_measured_timeline,
-    write_chrome_trace,
-)
+from pipetrain.schedule import TimedAction
+from pipetrain.trace import ProgressBar, measure_step, offsets_from_origins
 
-__all__ = ["train_worker"]
+__all__ = ["lr_factor", "train_worker"]
 
 logger = logging.getLogger(__name__)
 
-_TRACE_STEPS = 3
-"""How many final steps go into trace.json."""
 
+def lr_factor(warmup: int, total: int) -> Any:
+    """The LR multiplier of each step: linear warm-up, then a cosine down to 0.1."""
 
-def _lr_lambda(warmup: int, total: int) -> Any:
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -56,9 +53,275 @@ def _lr_lambda(warmup: int, total: int) -> Any:
     return factor
 
 
-def _checkpoint_dir(path: str) -> str:
-    nested = os.path.join(path, "checkpoint")
-    return nested if os.path.isdir(nested) else path
+def train_worker(args: argparse.Namespace) -> int:
+    """Train on this rank (called in every worker); its exit status."""
+    stop = StopRequest()
+    stop.install()
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        resume, problems = prepare(args)
+        if problems:
+            raise UsageError(problems)
+        return _join_and_train(args, resume, stop)
+    except BaseException as error:  # SystemExit and KeyboardInterrupt included: one line
+        if isinstance(error, SystemExit) and not error.code:
+            raise
+        return report_failure(error, rank=rank, verbose=bool(getattr(args, "verbose", False)))
+    finally:
+        stop.uninstall()
+
+
+def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopRequest) -> int:
+    context = init_distributed(timeout=args.timeout)
+    try:
+        _agree_on_folder(args, resume)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        model_config = gpt_config(args)
+        dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
+        pipe = Pipeline(
+            gpt_layer_factories(model_config, seed=args.seed),
+            loss_fn=gpt_loss,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
+                                                       weight_decay=0.1),
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
+                opt, lr_factor(args.warmup, args.steps)),
+            ties=gpt_ties(model_config),
+            config=pipeline_config(args),
+            context=context,
+        )
+        try:
+            return _Run(pipe, args, dataset, model_config, resume, stop).run()
+        finally:
+            pipe.close()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> None:
+    """Rank 0 picks and checks the run folder before anyone writes; everyone takes its answer."""
+    verdict: list[Any] = [None, None]
+    if dist.get_rank() == 0:
+        out = args.out or os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        verdict = [out, new_run_problem(out, resume=args.resume)]
+    dist.broadcast_object_list(verdict, src=0)
+    args.out, problem = verdict
+    if problem is not None:
+        raise UsageError([problem])
+
+
+class _Run:
+    """One session of a run: load, train, stop or finish, write."""
+
+    def __init__(self, pipe: Pipeline, args: argparse.Namespace, dataset: TextDataset,
+                 model_config: GPTConfig, resume: Resume | None, stop: StopRequest) -> None:
+        self.pipe, self.args, self.dataset, self.model_config = pipe, args, dataset, model_config
+        self.resume, self.stop = resume, stop
+        self.rank = dist.get_rank()
+        self.device = pipe.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.start = 0
+        self.saved_step: int | None = None if resume is None else resume.step
+        """The step of the run's newest checkpoint (every rank knows it)."""
+        self.records: RunRecords | None = None
+        self.bar: ProgressBar | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.resume is None:
+            return
+        self.pipe.load(self.resume.checkpoint)
+        self.start = self.pipe.step
+        for j, optimizer in self.pipe.optimizers.optimizers.items():  # honour --lr, --warmup, --steps
+            scheduler = self.pipe.optimizers.schedulers[j]
+            factor = lr_factor(self.args.warmup, self.args.steps)(scheduler.last_epoch)
+            scheduler.base_lrs = [self.args.lr for _ in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["initial_lr"] = self.args.lr
+                group["lr"] = self.args.lr * factor
+
+    def _describe_resume(self) -> str:
+        assert self.resume is not None
+        text = (f"resuming {self.resume.run_folder or self.resume.checkpoint} at step {self.start}: "
+                f"training steps {self.start + 1}-{self.args.steps} "
+                f"({self.args.steps - self.start} steps) into {self.args.out}")
+        if self.resume.changes:
+            text += "; changed: " + ", ".join(
+                f"{flag(name, old)} -> {new}" for name, (old, new) in self.resume.changes.items())
+        return text
+
+    def _open_records(self) -> None:
+        if self.rank != 0:
+            return
+        args = self.args
+        os.makedirs(args.out, exist_ok=True)
+        options = recorded(args)
+        write_json(os.path.join(args.out, "config.json"),
+                   {"args": options, "model": self.model_config.__dict__,
+                    "world_size": dist.get_world_size()})
+        self.records = RunRecords(
+            args.out, options, world_size=dist.get_world_size(), first_step=self.start + 1,
+            history=None if self.resume is None else self.resume.run_folder,
+            changes=None if self.resume is None else self.resume.changes)
+        self.records.write()
+        if self.resume is not None:
+            sys.stderr.write(self._describe_resume() + "\n")
+        self.bar = ProgressBar(args.steps, initial_step=self.start)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        self._load()
+        self._open_records()
+        try:
+            for step in range(self.start, self.args.steps):
+                self._train_one(step)
+                signal = self.stop.agreed(self.device)
+                if signal is not None:
+                    return self._interrupted(signal)
+        except NonFiniteError as error:
+            self._nonfinite(error)
+        except BaseException as error:
+            self._write_failure(error)
+            raise
+        self._close_bar()
+        self._save()
+        return self._finish()
+
+    def _train_one(self, step: int) -> None:
+        pipe, args = self.pipe, self.args
+        inputs, targets = self.dataset.batch(step, args.batch_size)
+        began = time.perf_counter()
+        loss = pipe.train_step(inputs, targets)
+        seconds = time.perf_counter() - began
+        gathered = _gather_step(pipe)
+        record: dict[str, Any] = {}
+        if self.rank == 0:
+            assert gathered is not None and self.bar is not None and self.records is not None
+            timeline = _one_axis(gathered)
+            measure = measure_step(timeline, num_ranks=len(gathered))
+            record = {"step": step + 1, "loss": loss, "seconds": seconds,
+                      "tokens_per_s": args.batch_size * args.context / seconds,
+                      "bubble": measure.bubble_fraction,
+                      "lr": pipe.optimizers.optimizers[min(pipe.local_stages)].param_groups[0]["lr"]}
+            if pipe.grad_norm is not None:
+                record["grad_norm"] = pipe.grad_norm
+            if pipe.last_step_skipped:
+                record["skipped"] = True
+            self.records.add(record, measure, timeline)
+            self.bar.update(step + 1, loss=loss, tokens_per_s=record["tokens_per_s"],
+                            bubble=measure.bubble_fraction)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            val_inputs, val_targets = self.dataset.batch(step, args.batch_size, split="val")
+            val = pipe.eval_step(val_inputs, val_targets)
+            record["val_loss"] = val
+        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
+            self._save()
+
+    # -- saving and ending ---------------------------------------------------------------------
+    def _save(self) -> None:
+        self.pipe.save(os.path.join(self.args.out, "checkpoint"),
+                       extra={"data_step": self.pipe.step})
+        self.saved_step = self.pipe.step
+        if self.records is not None:
+            self.records.checkpoint_step = self.pipe.step
+            self.records.write()
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _pictures(self) -> None:
+        if self.records is not None:
+            args = self.args
+            self.records.write(
+                schedule=lambda: self.pipe.schedule(args.microbatches), pictures=True,
+                title=f"{args.schedule} ({args.stages} stages x {args.replicas} replicas, "
+                      f"{args.microbatches} micro-batches)")
+
+    def _interrupted(self, signal: Any) -> int:
+        self._close_bar()
+        saved = self.pipe.step > self.start
+        if saved:
+            self._save()
+        if self.records is not None:
+            self.records.stopped = {"reason": "interrupted", "signal": signal.name,
+                                    "at_step": self.pipe.step, "checkpoint_step": self.saved_step,
+                                    "saved_now": saved}
+            self._pictures()
+            if os.environ.get(LAUNCHED_ENV) != "1":
+                sys.stderr.write(f"pipetrain train: {interrupted_line(self.records.metrics(), self.args.out)}\n")
+        return 128 + int(signal)
+
+    def _nonfinite(self, error: NonFiniteError) -> None:
+        self._close_bar()
+        if self.pipe.step > self.start:
+            self._save()  # the weights of the last good step: the bad update was not applied
+        checkpoint = self.saved_step
+        if self.records is not None:
+            self.records.stopped = {"reason": "nonfinite", "at_step": error.step, "loss": error.loss,
+                                    "grad_norm": error.grad_norm, "checkpoint_step": checkpoint}
+            self._pictures()
+        kept = (f"the checkpoint in {self.args.out}/checkpoint holds the last good step ({checkpoint})"
+                if checkpoint is not None else "no checkpoint was saved (no step before it was good)")
+        raise RunStopped(
+            f"step {error.step} is not finite (loss {error.loss:.6g}, gradient norm "
+            f"{error.grad_norm:.6g}); no stage applied its update and {kept}. Fix: a lower "
+            f"--lr (now {self.args.lr:g}) or --clip 1, then --resume {self.args.out}; or "
+            "--nonfinite skip to skip such steps"
+        ) from None
+
+    def _write_failure(self, error: BaseException) -> None:
+        """Keep the records of a run that fails (no collective here: peers may be gone)."""
+        self._close_bar()
+        if self.records is None:
+            return
+        self.records.stopped = {"reason": "error", "at_step": self.pipe.step,
+                                "message": f"{type(error).__name__}: {error}".splitlines()[0][:500],
+                                "checkpoint_step": self.saved_step}
+        try:
+            self.records.write()
+        except Exception:
+            logger.exception("could not write the records of the failed run")
+
+    def _finish(self) -> int:
+        memory: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(memory, {"rank": self.rank, "stages": list(self.pipe.local_stages),
+                                        "peak_memory_bytes": _peak_memory_bytes(self.pipe.device)})
+        if self.records is not None:
+            self.records.memory = memory
+            self.records.stopped = {"reason": "finished", "at_step": self.pipe.step,
+                                    "checkpoint_step": self.saved_step}
+            self._pictures()
+        try:
+            sample = _sample(self.pipe, self.args, self.model_config) if self.args.sample_bytes else None
+        except Exception as error:
+            self._write_failure(error)
+            raise RunStopped(
+                f"training finished (checkpoint and records in {self.args.out}), but sampling "
+                f"failed: {type(error).__name__}: {error}"
+            ) from error
+        if self.records is not None:
+            self.records.sample = sample
+            self.records.write()
+            if sample is not None:
+                with open(os.path.join(self.args.out, "sample.txt"), "w", encoding="utf-8") as f:
+                    f.write(sample)
+            _report(self.args.out, self.records, sample)
+        return 0
+
+
+def interrupted_line(metrics: dict[str, Any], out: str) -> str:
+    """The one line that tells what an interrupted run kept."""
+    stopped = metrics.get("stopped") or {}
+    checkpoint = stopped.get("checkpoint_step")
+    if stopped.get("saved_now"):
+        kept = f"saved the checkpoint (step {checkpoint}) and the records in {out}"
+    elif checkpoint is not None:
+        kept = f"no new step to save; the checkpoint in {out} is at step {checkpoint}"
+    else:
+        kept = f"no checkpoint was saved (no step finished); the records are in {out}"
+    return (f"interrupted by {stopped.get('signal', 'a signal')} after step {stopped.get('at_step')}: "
+            f"{kept}; continue with: pipetrain train --resume {out}")
 
 
 def _peak_memory_bytes(device: torch.device) -> int:
@@ -84,102 +347,6 @@ def _one_axis(gathered: list[tuple[float, list[TimedAction]]]) -> list[TimedActi
     ]
 
 
-def train_worker(args: argparse.Namespace) -> int:
-    """Train on this rank (called in every worker); 0 on success."""
-    context = init_distributed(timeout=args.timeout)
-    rank = context.rank
-    if args.out is None:  # under torchrun without --out: every rank takes rank 0's folder
-        chosen = [os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))]
-        dist.broadcast_object_list(chosen, src=0)
-        args.out = chosen[0]
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    model_config = GPTConfig(context=args.context, num_layers=args.layers, width=args.width,
-                             num_heads=args.heads, dropout=args.dropout)
-    config = _pipeline_config(args)
-    dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
-    pipe = Pipeline(
-        gpt_layer_factories(model_config, seed=args.seed),
-        loss_fn=gpt_loss,
-        optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
-                                                   weight_decay=0.1),
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(args.warmup, args.steps)),
-        ties=gpt_ties(model_config),
-        config=config,
-        context=context,
-    )
-    try:
-        return _train(pipe, args, dataset, model_config, rank)
-    except BaseException:
-        logger.exception("rank %d failed", rank)
-        raise
-    finally:
-        pipe.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _train(pipe: Pipeline, args: argparse.Namespace, dataset: TextDataset,
-           model_config: GPTConfig, rank: int) -> int:
-    out = args.out
-    if rank == 0:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump({"args": vars(args) | {"run": None}, "model": model_config.__dict__,
-                       "world_size": dist.get_world_size()}, f, indent=2, default=str)
-    start = 0
-    if args.resume is not None:
-        pipe.load(_checkpoint_dir(args.resume))
-        start = pipe.step
-        if rank == 0:
-            logger.info("resumed from %s at step %d", args.resume, start)
-    tokens_per_step = args.batch_size * args.context
-    records: list[dict[str, Any]] = []
-    traced: list[list[TimedAction]] = []
-    measures = []
-    bar = ProgressBar(args.steps, initial_step=start) if rank == 0 else None
-    first_loss = None
-    for step in range(start, args.steps):
-        inputs, targets = dataset.batch(step, args.batch_size)
-        began = time.perf_counter()
-        loss = pipe.train_step(inputs, targets)
-        seconds = time.perf_counter() - began
-        gathered = _gather_step(pipe)
-        if rank == 0:
-            assert gathered is not None and bar is not None
-            timeline = _one_axis(gathered)
-            measure = measure_step(timeline, num_ranks=len(gathered))
-            measures.append(measure)
-            if step >= args.steps - _TRACE_STEPS:
-                traced.append(timeline)
-            first_loss = loss if first_loss is None else first_loss
-            record = {"step": step + 1, "loss": loss, "seconds": seconds,
-                      "tokens_per_s": tokens_per_step / seconds,
-                      "bubble": measure.bubble_fraction,
-                      "lr": pipe.optimizers.optimizers[min(pipe.local_stages)].param_groups[0]["lr"]}
-            if pipe.grad_norm is not None:
-                record["grad_norm"] = pipe.grad_norm
-            bar.update(step + 1, loss=loss, tokens_per_s=record["tokens_per_s"], bubble=measure.bubble_fraction)
-            records.append(record)
-        if args.eval_every and (step + 1) % args.eval_every == 0:
-            val_inputs, val_targets = dataset.batch(step, args.batch_size, split="val")
-            val = pipe.eval_step(val_inputs, val_targets)
-            if rank == 0:
-                records[-1]["val_loss"] = val
-        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
-            pipe.save(os.path.join(out, "checkpoint"), extra={"data_step": step + 1})
-    if bar is not None:
-        bar.close()
-    pipe.save(os.path.join(out, "checkpoint"), extra={"data_step": args.steps})
-    memory: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(memory, {"rank": rank, "stages": list(pipe.local_stages),
-                                    "peak_memory_bytes": _peak_memory_bytes(pipe.device)})
-    sample = _sample(pipe, args, model_config) if args.sample_bytes > 0 else None
-    if rank == 0:
-        _write_run(out, args, records, measures, traced, memory, sample, pipe)
-        _report(out, records, first_loss, sample)
-    return 0
-
-
 def _sample(pipe: Pipeline, args: argparse.Namespace, model_config: GPTConfig) -> str:
     tokenizer = ByteTokenizer()
     prompt = tokenizer.encode("def ")
@@ -195,60 +362,18 @@ def _sample(pipe: Pipeline, args: argparse.Namespace, model_config: GPTConfig) -
     return tokenizer.decode(tokens.reshape(-1))
 
 
-def _write_run(out: str, args: argparse.Namespace, records: list[dict[str, Any]], measures: list[Any],
-               traced: list[list[TimedAction]], memory: list[Any], sample: str | None,
-               pipe: Pipeline) -> None:
-    steady = measures[len(measures) // 5:] or measures
-    per_rank_busy = [statistics.median(m.busy[r] for m in steady) for r in range(len(memory))] if steady else []
-    per_rank_idle = [statistics.median(m.idle[r] for m in steady) for r in range(len(memory))] if steady else []
-    prediction = None
-    if traced:
-        last = measure_step(traced[-1], num_ranks=len(memory))
-        try:
-            predicted = simulate(pipe.schedule(pipe.config.num_microbatches), last.mean_costs).makespan
-            prediction = {"measured_step_s": last.makespan, "simulated_step_s": predicted}
-        except (TypeError, ValueError) as error:
-            logger.debug("no simulator prediction: %s", error)
-    throughput = [r["tokens_per_s"] for r in records[len(records) // 5:]] or [0.0]
-    metrics = {
-        "config": {"args": vars(args), "world_size": len(memory)},
-        "steps": records,
-        "summary": {
-            "first_loss": records[0]["loss"] if records else None,
-            "final_loss": records[-1]["loss"] if records else None,
-            "median_tokens_per_s": statistics.median(throughput),
-            "median_step_s": statistics.median(r["seconds"] for r in records) if records else None,
-            "median_bubble": statistics.median(m.bubble_fraction for m in steady) if steady else None,
-            "busy_s_per_rank": per_rank_busy,
-            "idle_s_per_rank": per_rank_idle,
-            "prediction": prediction,
-        },
-        "memory": memory,
-        "sample": sample,
-    }
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2, default=str)
-    if traced:
-        render_measured_timeline(traced[-1], os.path.join(out, "timeline.png"),
-                                 title=f"{args.schedule}: measured step {records[-1]['step']} "
-                                       f"({args.stages} stages x {args.replicas} replicas, "
-                                       f"{args.microbatches} micro-batches)")
-        write_chrome_trace(traced, os.path.join(out, "trace.json"),
-                           metadata={"schedule": args.schedule, "stages": args.stages})
-    if sample is not None:
-        with open(os.path.join(out, "sample.txt"), "w") as f:
-            f.write(sample)
-
-
-def _report(out: str, records: list[dict[str, Any]], first_loss: float | None, sample: str | None) -> None:
-    if not records:
+def _report(out: str, records: RunRecords, sample: str | None) -> None:
+    session = records.session_steps
+    if not session:
         return
-    last = records[-1]
-    lines = [
-        f"trained {last['step']} steps: loss {first_loss:.3f} -> {last['loss']:.3f}"
-        + (f" (validation {last['val_loss']:.3f})" if "val_loss" in last else ""),
-        f"run folder: {out}  (metrics.json, timeline.png, trace.json, checkpoint/, sample.txt)",
-    ]
+    first, last = session[0], session[-1]
+    trained = (f"trained {len(session)} steps ({first['step']}-{last['step']})"
+               if first["step"] > 1 else f"trained {len(session)} steps")
+    validated = f" (validation {last['val_loss']:.3f})" if "val_loss" in last else ""
+    files = ["metrics.json", "timeline.png", "trace.json", "checkpoint/"]
+    files += ["sample.txt"] if sample is not None else []
+    lines = [f"{trained}: loss {first['loss']:.3f} -> {last['loss']:.3f}{validated}",
+             f"run folder: {out}  ({', '.join(files)})"]
     if sample is not None:
         lines += ["sample:", sample]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -63,7 +63,8 @@ def load_corpus(
     Raises:
         FileNotFoundError: ``path`` does not exist (or, for the default corpus, this Python
             ships no ``.py`` sources).
-        ValueError: ``max_bytes`` is not positive, or the file is empty or a folder.
+        ValueError: ``max_bytes`` is not positive, or the file is empty, a folder, or not
+            text (a NUL byte, or over 10% of its bytes neither printable nor UTF-8).
 
     Example:
         >>> corpus = load_corpus(max_bytes=1000)
@@ -115,4 +116,26 @@ def _load_file(path: Path, *, max_bytes: int | None) -> bytes:
         data = file.read(-1 if max_bytes is None else max_bytes)
     if not data:
         raise ValueError(f"corpus file {str(path)!r} is empty: pass a file with some text in it")
+    problem = _not_text(data)
+    if problem is not None:
+        raise ValueError(
+            f"corpus file {str(path)!r} does not look like text ({problem}); the model learns "
+            "to write text from UTF-8 or ASCII bytes: pass a text file (e.g. a .py, .txt or "
+            ".md file)"
+        )
     return data
+
+
+def _not_text(data: bytes) -> str | None:
+    """Why ``data`` is not text, or None: a NUL byte, or more than 10% of its bytes
+    neither printable ASCII, whitespace, nor part of valid UTF-8."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        return f"a NUL byte at offset {nul}"
+    text = data.decode("utf-8", errors="replace")
+    invalid = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    controls = sum(1 for c in text if c < " " and c not in "\t\n\r\f\v\x1b\b")
+    odd = invalid + controls
+    if odd > 0.1 * len(data):
+        return f"{odd} of its first {len(data)} bytes are neither printable text nor UTF-8"
+    return None

@@ -18,16 +18,38 @@ import sys
 import uuid
 from collections.abc import Sequence
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-__all__ = ["LaunchError", "in_worker", "launch_local"]
+__all__ = ["LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
 
 logger = logging.getLogger(__name__)
 
+LAUNCHED_ENV = "PIPETRAIN_LAUNCHED"
+"""Set to ``1`` in the workers :func:`launch_local` starts (they leave the last line of
+an error to the launcher)."""
+
 
 class LaunchError(RuntimeError):
-    """A worker of a local job failed; the message names its rank and exit status."""
+    """A worker of a local job failed; the message names its rank and exit status, or is
+    the worker's own message when it left one."""
+
+    def __init__(self, message: str, *, rank: int, exitcode: int, worker_message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.worker_message = worker_message
+        """The failed worker's own one-line message ('' if it left none)."""
+
+
+class LaunchInterrupted(RuntimeError):
+    """The launcher received SIGINT or SIGTERM; it passed the signal on to the workers
+    and waited for them to stop."""
+
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signal_number).name}")
+        self.signal_number = signal_number
 
 
 def in_worker() -> bool:
@@ -57,12 +79,17 @@ def _describe(exitcode: int) -> str:
     return f"exited with status {exitcode}"
 
 
-def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0.2) -> None:
+def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0.2,
+                 shutdown_timeout: int = 60) -> None:
     """Run ``python -m pipetrain <argv>`` in ``nproc`` local worker processes.
+
+    A SIGINT or SIGTERM sent to this process is passed on to the workers, which get
+    ``shutdown_timeout`` seconds to stop (e.g. to save a checkpoint) before they are killed.
 
     Raises:
         LaunchError: a worker failed (the first failure is named: that rank's exit status
             or signal, and its error if it reported one).
+        LaunchInterrupted: this process received SIGINT or SIGTERM.
 
     Example::
 
@@ -77,12 +104,16 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
         max_restarts=0,
         monitor_interval=monitor_interval,
+        shutdown_timeout=shutdown_timeout,
     )
     # workers inherit this environment; keep each worker's math single-threaded unless
     # the user chose otherwise, so K workers share the cores instead of fighting
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ[LAUNCHED_ENV] = "1"
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
+    except SignalException as error:
+        raise LaunchInterrupted(int(error.sigval)) from None
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         detail = ""
@@ -90,8 +121,13 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
             detail = str(failure.message.get("message", "")).strip()
         elif failure.message:
             detail = str(failure.message).strip()
+        if detail.startswith("To enable traceback see") or detail == "<N/A>":
+            detail = ""
         raise LaunchError(
             f"worker rank {rank} {_describe(failure.exitcode)}"
-            + (f": {detail}" if detail and detail != "<N/A>" else "")
-            + f" ({len(error.failures)} of {nproc} workers failed; the others were stopped)"
+            + (f": {detail}" if detail else "")
+            + f" ({len(error.failures)} of {nproc} workers failed; the others were stopped)",
+            rank=rank, exitcode=failure.exitcode, worker_message=detail,
         ) from None
+    finally:
+        os.environ.pop(LAUNCHED_ENV, None)

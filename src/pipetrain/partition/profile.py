@@ -11,6 +11,7 @@ in a plain forward.
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 import time
 from collections.abc import Iterator
@@ -19,10 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipetrain.microbatch import split_batch
-from pipetrain.nested import map_tensors
+from pipetrain.microbatch import batch_size
+from pipetrain.nested import iter_tensors, map_tensors
 
-__all__ = ["default_device", "profile_sizes", "profile_times"]
+__all__ = ["cuda_block_bytes", "default_device", "profile_sizes", "profile_times"]
+
+_logger = logging.getLogger(__name__)
 
 
 def default_device() -> torch.device:
@@ -113,24 +116,53 @@ def _storage_key(tensor: Tensor) -> tuple[int, int]:
         return id(tensor), tensor.numel() * tensor.element_size()
 
 
-class _SavedBytes:
-    """Saved-tensor hooks adding up the distinct storages a layer saves for backward."""
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes that CUDA's caching allocator books for an allocation of ``nbytes``.
 
-    def __init__(self, layer: nn.Module) -> None:
-        self._own = {_storage_key(t)[0] for t in (*layer.parameters(), *layer.buffers())}
-        self._saved: dict[int, int] = {}
+    Allocations are made in blocks of 512 bytes, so ``torch.cuda.memory_allocated``
+    (what torchgpipe's size profiler reads) grows by at least 512 bytes per tensor.
+
+    Example:
+        >>> cuda_block_bytes(0), cuda_block_bytes(4), cuda_block_bytes(4000)
+        (0, 512, 4096)
+    """
+    return -(-nbytes // 512) * 512
+
+
+class _Saved:
+    """Saved-tensor hooks keeping what a layer saves for backward (to weigh it)."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
 
     def pack(self, tensor: Tensor) -> Tensor:
-        address, nbytes = _storage_key(tensor)
-        if address not in self._own:
-            self._saved[address] = nbytes
+        self.tensors.append(tensor)
         return tensor
 
     def unpack(self, tensor: Tensor) -> Tensor:
         return tensor
 
-    def total(self) -> int:
-        return sum(self._saved.values())
+
+def _first_rows(batch: Any, rows: int) -> Any:
+    return map_tensors(lambda t: t[:rows] if t.dim() > 0 else t, batch)
+
+
+def _latent_bytes(layer: nn.Module, batch: Any) -> tuple[int, Any]:
+    """(bytes a forward of ``layer`` leaves allocated, its output).
+
+    What stays allocated after the forward: the output and the tensors saved for
+    backward, each distinct storage counted once in CUDA's 512-byte blocks, leaving
+    out the storages that existed before (the input, parameters and buffers), as
+    ``torch.cuda.memory_allocated`` after minus before counts them.
+    """
+    before = {_storage_key(t)[0] for t in (*iter_tensors(batch), *layer.parameters(),
+                                           *layer.buffers())}
+    saved = _Saved()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        output = layer(batch)
+    alive = dict(_storage_key(t) for t in (*iter_tensors(output), *saved.tensors))
+    latent = sum(cuda_block_bytes(n) for address, n in alive.items() if address not in before)
+    return latent, output
 
 
 def profile_sizes(
@@ -141,31 +173,52 @@ def profile_sizes(
     param_scale: float,
     device: torch.device,
 ) -> list[int]:
-    """Bytes each layer needs in training: its activations plus scaled parameters.
+    """Bytes each layer needs in training, weighed as torchgpipe weighs them on CUDA.
 
-    Activations are the distinct storages the layer saves for backward (seen through
-    ``torch.autograd.graph.saved_tensors_hooks``, parameters excluded) on one
-    micro-batch of ``input`` split in ``chunks``; parameters count ``param_scale``
-    times (weights, gradients, optimizer state), buffers once.
+    Each layer runs (in training mode, on a copy) on one sample: the first row of
+    every batch tensor of ``input``, fed the previous layer's output. Its *latent*
+    size is the memory that forward leaves allocated (output and saved tensors, new
+    storages only, in CUDA's 512-byte blocks), scaled to one micro-batch by
+    ``batch size / chunks``; its parameters count ``param_scale`` times their bytes.
+    This is what torchgpipe's ``balance_by_size`` reads from
+    ``torch.cuda.memory_allocated``, computed from the tensors themselves, so the
+    weights (and the balance) are the same on the CPU as on CUDA. Buffers are not
+    counted, as in torchgpipe. A model with a layer that cannot run on one sample in
+    training (``BatchNorm1d`` on ``(N, C)`` inputs, which torchgpipe cannot profile)
+    is weighed on two samples, halved.
 
     Example:
         >>> import torch
         >>> from torch import nn
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        >>> # Linear: a 16-byte output row in a 512-byte block, x 8 rows / 2 chunks,
+        >>> # plus 2 x 80 parameter bytes; ReLU: its output row (which it saves)
         >>> profile_sizes(model, torch.randn(8, 4, requires_grad=True), chunks=2,
         ...               param_scale=2.0, device=torch.device("cpu"))
-        [224, 64]
+        [2208, 2048]
     """
-    # _detached copies: a view into the whole batch would count the whole batch's storage.
-    batch = _detached(split_batch(input, chunks)[0], device)
-    sizes: list[int] = []
+    size = batch_size(input)
+    try:
+        measured = _measure(module, _first_rows(input, 1), device)
+    except Exception as error:  # e.g. BatchNorm1d on (1, C): needs more than one row
+        if size < 2:
+            raise
+        _logger.info("a layer cannot run on one sample (%s); weighing two samples, "
+                     "per sample", error)
+        measured = [(latent / 2, params)
+                    for latent, params in _measure(module, _first_rows(input, 2), device)]
+    latent_scale = size / chunks
+    return [int(latent * latent_scale + params * param_scale) for latent, params in measured]
+
+
+def _measure(module: nn.Sequential, sample: Any, device: torch.device) -> list[tuple[float, int]]:
+    """(latent bytes, parameter bytes) of each layer, run on ``sample`` in order."""
+    batch = _detached(sample, device)
+    measured: list[tuple[float, int]] = []
     with torch.enable_grad():
         for layer in _layer_copies(module, device):
-            saved = _SavedBytes(layer)
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-                output = layer(batch)
-            params = sum(p.numel() * p.element_size() for p in layer.parameters())
-            buffers = sum(b.numel() * b.element_size() for b in layer.buffers())
-            sizes.append(int(saved.total() + params * param_scale + buffers))
+            latent, output = _latent_bytes(layer, batch)
+            params = sum(_storage_key(p)[1] for p in layer.parameters())
+            measured.append((latent, params))
             batch = _detached(output, device)
-    return sizes
+    return measured

@@ -7,9 +7,11 @@ A *balance* lists how many consecutive layers (children) each partition holds:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
+
+from pipetrain.counts import whole_number
 
 __all__ = ["BalanceError", "split_module", "verify_balance", "verify_module"]
 
@@ -27,8 +29,9 @@ def _fix(num_layers: int, num_partitions: int) -> str:
     num_partitions = max(1, min(num_partitions, num_layers))
     return (
         f"fix: give each partition a positive number of layers summing to {num_layers}, "
-        f"e.g. balance = {_even_balance(num_layers, num_partitions)}, or let pipetrain "
-        f"measure the layers and balance them:\n\n"
+        f"e.g. balance = {_even_balance(num_layers, num_partitions)}; or, while the model "
+        f"still changes, let 'pipetrain.balance' measure the layers and balance them "
+        f"automatically:\n\n"
         f"    from pipetrain.balance import balance_by_time\n"
         f"    balance = balance_by_time({num_partitions}, model, sample)\n"
     )
@@ -44,12 +47,14 @@ def verify_module(module: nn.Module) -> None:
 
     Example:
         >>> from torch import nn
+
+from pipetrain.counts import whole_number
         >>> layer = nn.Linear(2, 2)
         >>> try:
         ...     verify_module(nn.Sequential(layer, nn.ReLU(), layer))
         ... except ValueError as error:
         ...     print(str(error).splitlines()[1])
-        * layer '2' is the same module object as layer '0'
+        * module with duplicate children is not supported: layer '2' is the same module object as layer '0'
     """
     if not isinstance(module, nn.Sequential):
         raise TypeError(
@@ -71,15 +76,17 @@ def verify_module(module: nn.Module) -> None:
             continue
         if id(child) in first_name:
             problems.append(
-                f"layer {name!r} is the same module object as layer {first_name[id(child)]!r}"
+                f"module with duplicate children is not supported: layer {name!r} is the "
+                f"same module object as layer {first_name[id(child)]!r}"
             )
             continue
         first_name[id(child)] = name
         for param_name, param in child.named_parameters(prefix=name):
             if id(param) in owner:
                 problems.append(
-                    f"parameter {param_name!r} is shared with {owner[id(param)]!r} (another "
-                    f"layer)"
+                    f"module with duplicate parameters in distinct children is not "
+                    f"supported: parameter {param_name!r} is shared with "
+                    f"{owner[id(param)]!r} (another layer)"
                 )
             else:
                 owner[id(param)] = param_name
@@ -96,25 +103,29 @@ def verify_module(module: nn.Module) -> None:
 def verify_balance(balance: Any, num_layers: int) -> list[int]:
     """Check a balance against a module of ``num_layers`` layers; return it as a list.
 
+    Entries may be whole floats (``2.0``), as torchgpipe accepts; they are returned as
+    ``int``. An empty balance fits only an empty module.
+
     Raises:
         BalanceError: (a ``ValueError``) the balance is missing, empty, not a list of
-            integers, has a non-positive entry, does not sum to ``num_layers``, or has
-            more partitions than layers; every problem is listed, then a runnable fix.
+            whole numbers, has a non-positive entry, does not sum to ``num_layers``, or
+            has more partitions than layers; every problem is listed (each with
+            torchgpipe's wording first), then a runnable fix.
 
     Example:
-        >>> verify_balance((2, 3), 5)
+        >>> verify_balance((2, 3.0), 5)
         [2, 3]
         >>> try:
         ...     verify_balance([2, 2], 5)
         ... except ValueError as error:
         ...     print(str(error).splitlines()[1])
-        * the balance sums to 4 but the module has 5 layers (balance [2, 2])
+        * module and sum of balance have different length (module: 5, sum of balance: 4); the balance [2, 2] must add up to the module's 5 layers
     """
     problems = []
     values: list[int] = []
     num_partitions = 2
     if balance is None:
-        problems.append("the balance is missing (None): pipetrain needs the number of "
+        problems.append("balance is required (got None): pipetrain needs the number of "
                         "layers of each partition")
     elif isinstance(balance, (int, float, str, bytes)):
         problems.append(f"the balance must be a list of layer counts, one per partition, "
@@ -127,39 +138,47 @@ def verify_balance(balance: Any, num_layers: int) -> list[int]:
             problems.append(f"the balance must be a list of layer counts, got {balance!r}")
         if entries is not None:
             num_partitions = len(entries) or num_partitions
-            if not entries:
-                problems.append("the balance is empty: it needs at least one partition")
-            wrong = [
-                f"balance[{j}] = {x!r}"
-                for j, x in enumerate(entries)
-                if isinstance(x, bool) or not isinstance(x, int)
-            ]
-            if wrong:
-                problems.append(f"balance entries must be integers, got {', '.join(wrong)}")
-            else:
-                values = list(entries)
-                bad = [f"balance[{j}] = {x}" for j, x in enumerate(values) if x <= 0]
-                if bad:
-                    problems.append(
-                        f"every partition needs at least one layer, got {', '.join(bad)} "
-                        f"(balance {values})"
-                    )
-                if values and sum(values) != num_layers:
-                    problems.append(
-                        f"the balance sums to {sum(values)} but the module has {num_layers} "
-                        f"layers (balance {values})"
-                    )
-                if len(values) > num_layers:
-                    problems.append(
-                        f"the balance has {len(values)} partitions but the module has only "
-                        f"{num_layers} layers"
-                    )
+            problems.extend(_balance_problems(entries, num_layers))
+            if not problems:
+                values = [cast(int, whole_number(x)) for x in entries]
     if problems:
         listed = "\n".join(f"* {problem}" for problem in problems)
         raise BalanceError(
             f"invalid balance:\n{listed}\n{_fix(num_layers, num_partitions)}"
         )
     return values
+
+
+def _balance_problems(entries: list[Any], num_layers: int) -> list[str]:
+    """What is wrong with a balance given as a list (nothing: ``[]``)."""
+    counts = [whole_number(x) for x in entries]
+    wrong = [f"balance[{j}] = {x!r}" for j, (x, n) in enumerate(zip(entries, counts))
+             if n is None]
+    if wrong:
+        return [f"all balance numbers must be positive integer (balance: {entries}); "
+                f"not whole numbers: {', '.join(wrong)}"]
+    values = cast(list[int], counts)
+    problems = []
+    bad = [f"balance[{j}] = {x}" for j, x in enumerate(values) if x <= 0]
+    if bad:
+        problems.append(
+            f"all balance numbers must be positive integer (balance: {entries}); every "
+            f"partition needs at least one layer, got {', '.join(bad)}"
+        )
+    if sum(values) != num_layers:
+        empty = "; the balance is empty: it needs at least one partition" if not values else ""
+        plain = all(type(x) in (int, float) for x in entries)  # shown as given, 4.0 too
+        problems.append(
+            f"module and sum of balance have different length (module: {num_layers}, sum "
+            f"of balance: {sum(entries) if plain else sum(values)}); the balance {values} "
+            f"must add up to the module's {num_layers} layers{empty}"
+        )
+    if len(values) > num_layers:
+        problems.append(
+            f"the balance has {len(values)} partitions but the module has only "
+            f"{num_layers} layers"
+        )
+    return problems
 
 
 def split_module(module: nn.Sequential, balance: Any) -> list[nn.Sequential]:
@@ -173,6 +192,8 @@ def split_module(module: nn.Sequential, balance: Any) -> list[nn.Sequential]:
 
     Example:
         >>> from torch import nn
+
+from pipetrain.counts import whole_number
         >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
         >>> first, second = split_module(model, [2, 1])
         >>> [name for name, _ in second.named_children()], second[0] is model[2]

@@ -31,6 +31,7 @@ from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.registry import (
     SCHEDULE_ALIASES,
     SCHEDULE_NAMES,
+    TRAINING_SCHEDULES,
     build_schedule,
     canonical_name,
     get_generator,
@@ -45,6 +46,7 @@ __all__ = [
     "COMPUTE_OPS",
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
+    "TRAINING_SCHEDULES",
     "Action",
     "Costs",
     "Op",

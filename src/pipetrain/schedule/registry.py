@@ -17,6 +17,7 @@ from pipetrain.schedule.zero_bubble import zb_h1
 __all__ = [
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
+    "TRAINING_SCHEDULES",
     "build_schedule",
     "canonical_name",
     "get_generator",
@@ -24,6 +25,9 @@ __all__ = [
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward")
 """The schedules :func:`build_schedule` knows, by their canonical name."""
+
+TRAINING_SCHEDULES = tuple(name for name in SCHEDULE_NAMES if name != "forward")
+"""The schedules that train (every one but the forward-only schedule of evaluation)."""
 
 SCHEDULE_ALIASES = {
     "pipedream-flush": "1f1b",

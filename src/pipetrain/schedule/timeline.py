@@ -50,7 +50,8 @@ def render_timeline(
     One row per rank (rank 0 on top); a box per compute action, ``REDUCE`` (a thin bar
     along the bottom of the row, as it runs in the background) and ``STEP``, coloured
     by op and labelled like the text grid (``F3``, or ``2F3`` with several stages per
-    rank) where the label fits, else with the micro-batch alone. Sends are not drawn;
+    rank) where the whole label fits (a box too small for it stays unlabelled: never a
+    fragment); the legend names every colour, the empty (idle) time too. Sends are not drawn;
     receives are drawn only with ``waits=True``, as hatched boxes over the time the rank
     waited for its message (useful for measured timelines). Time starts at the earliest
     action drawn.
@@ -80,10 +81,15 @@ def render_timeline(
         per_rank[t.rank] += 1
     width = min(max(8.0, 0.3 * max(per_rank.values(), default=0) + 2.0), 60.0)
     height = 1.6 + 0.45 * num_ranks
+    num_entries = len({t.action.op for t in boxes}) + (1 if waited else 0) + 1  # + idle
+    columns = min(num_entries, max(3, int(width / 1.7)))
+    legend_rows = -(-num_entries // columns)
+    height += 0.2 * (legend_rows - 1)
     figure = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(figure)
+    top = 0.7 + 0.2 * (legend_rows - 1)
     figure.subplots_adjust(
-        left=_LEFT / width, right=1 - _RIGHT / width, bottom=0.9 / height, top=1 - 0.7 / height
+        left=_LEFT / width, right=1 - _RIGHT / width, bottom=0.9 / height, top=1 - top / height
     )
     axes = figure.add_subplot()
     points_per_unit = (width - _LEFT - _RIGHT) * 72 / span
@@ -103,19 +109,18 @@ def render_timeline(
         bars[t.action.op].append((t.rank, start, duration))
         if not t.action.op.is_compute or t.action.microbatch is None:
             continue
-        for label in (action_label(t.action, with_stage=with_stage), str(t.action.microbatch)):
-            if len(label) * 0.62 * _FONT_SIZE + 2 <= duration * points_per_unit:
-                axes.text(
-                    start + duration / 2,
-                    t.rank,
-                    label,
-                    ha="center",
-                    va="center",
-                    fontsize=_FONT_SIZE,
-                    color="white",
-                    clip_on=True,
-                )
-                break
+        label = action_label(t.action, with_stage=with_stage)
+        if len(label) * 0.62 * _FONT_SIZE + 2 <= duration * points_per_unit:
+            axes.text(
+                start + duration / 2,
+                t.rank,
+                label,
+                ha="center",
+                va="center",
+                fontsize=_FONT_SIZE,
+                color="white",
+                clip_on=True,
+            )
     for op, items in bars.items():
         low, thick = (0.22, 0.16) if op is Op.REDUCE_GRAD else (-0.4, 0.8)
         for rank in {r for r, _, _ in items}:
@@ -135,11 +140,12 @@ def render_timeline(
         handles.append(
             Patch(facecolor="white", edgecolor=WAIT_COLOR, hatch="////", label="RF/RB wait")
         )
+    handles.append(Patch(facecolor="white", edgecolor=WAIT_COLOR, linewidth=0.5, label="idle"))
     axes.legend(
         handles=handles,
         loc="lower left",
         bbox_to_anchor=(0, 1.0),
-        ncol=7,
+        ncol=columns,
         fontsize=8,
         frameon=False,
     )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from pipetrain.skip.namespace import SkipKey, _format_key
+from pipetrain.skip.namespace import SkipKey
 from pipetrain.skip.skippable import Skippable
 
 __all__ = ["SkipLayout", "SkipRoute", "skip_layout", "verify_skippables"]
@@ -104,6 +104,11 @@ class SkipLayout:
         return any(r.key == key and r.stash_stage != r.pop_stage for r in self.routes)
 
 
+def _in(key: SkipKey) -> str:
+    """`` (in <Namespace ...>)`` for a skip outside the default namespace, else ``''``."""
+    return "" if key[0] is None else f" (in {key[0]!r})"
+
+
 def _scan(stages: Sequence[nn.Module]) -> tuple[list[SkipRoute], list[str]]:
     """Routes and problems of the skippable layers under each stage's children."""
     stashed_at: dict[SkipKey, tuple[int, str]] = {}
@@ -121,14 +126,17 @@ def _scan(stages: Sequence[nn.Module]) -> tuple[list[SkipRoute], list[str]]:
             for name, layer in layers:
                 both = sorted(layer.stashable_names & layer.poppable_names)
                 for skip in both:
-                    problems.append(f"'{name}' declares {skip!r} both as stash and as pop")
+                    problems.append(
+                        f"'{name}' declared {skip!r} both as stashable and as poppable"
+                    )
                 for key in layer.stashable():
                     if key[1] in both:
                         continue
                     if key in stashed_at:
                         problems.append(
-                            f"'{name}' stashes {_format_key(key)}, already stashed by "
-                            f"'{stashed_at[key][1]}' (not isolated by a namespace)"
+                            f"'{name}' redeclared {key[1]!r} as stashable but not isolated "
+                            f"by namespace{_in(key)}: '{stashed_at[key][1]}' stashes it "
+                            f"already"
                         )
                         continue
                     stashed_at[key] = (j, name)
@@ -137,19 +145,23 @@ def _scan(stages: Sequence[nn.Module]) -> tuple[list[SkipRoute], list[str]]:
             for name, key in pops:
                 if key in popped_at:
                     problems.append(
-                        f"'{name}' pops {_format_key(key)}, already popped by "
-                        f"'{popped_at[key]}' (not isolated by a namespace)"
+                        f"'{name}' redeclared {key[1]!r} as poppable but not isolated by "
+                        f"namespace{_in(key)}: '{popped_at[key]}' pops it already"
                     )
                 elif key not in stashed_at:
                     problems.append(
-                        f"'{name}' pops {_format_key(key)} but no earlier layer stashes it"
+                        f"'{name}' declared {key[1]!r} as poppable but it was not stashed"
+                        f"{_in(key)}: no earlier layer stashes it"
                     )
                 else:
                     popped_at[key] = name
                     routes.append(SkipRoute(key, stash_stage=stashed_at[key][0], pop_stage=j))
     for key, (_, name) in stashed_at.items():
         if key not in popped_at:
-            problems.append(f"'{name}' stashes {_format_key(key)} but no later layer pops it")
+            problems.append(
+                f"no module declared {key[1]!r} as poppable but stashed{_in(key)}: '{name}' "
+                f"stashes it and no later layer pops it"
+            )
     order = {key: index for index, key in enumerate(stashed_at)}
     routes.sort(key=lambda route: order[route.key])
     return routes, problems
@@ -157,8 +169,7 @@ def _scan(stages: Sequence[nn.Module]) -> tuple[list[SkipRoute], list[str]]:
 
 def _raise(problems: list[str]) -> None:
     listed = "\n".join(f"* {problem}" for problem in problems)
-    raise TypeError(f"one or more stash/pop pairs of skip connections do not match:\n\n"
-                    f"{listed}\n\n{_FIX}")
+    raise TypeError(f"one or more pairs of stash and pop do not match:\n\n{listed}\n\n{_FIX}")
 
 
 def verify_skippables(module: nn.Module) -> None:
@@ -180,7 +191,7 @@ def verify_skippables(module: nn.Module) -> None:
         ...     verify_skippables(nn.Sequential(Save()))
         ... except TypeError as error:
         ...     print(str(error).splitlines()[2])
-        * '0' stashes 'skip' but no later layer pops it
+        * no module declared 'skip' as poppable but stashed: '0' stashes it and no later layer pops it
     """
     _, problems = _scan([module])
     if problems:

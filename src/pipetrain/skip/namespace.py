@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import abc
+import functools
 import uuid
 
 __all__ = ["Namespace", "SkipKey"]
 
 
-class Namespace:
+@functools.total_ordering
+class Namespace(metaclass=abc.ABCMeta):  # noqa: B024 - ABCMeta only to register None
     """A token that keeps skips of the same name apart (see :meth:`Skippable.isolate`).
 
-    Skips are keyed by ``(namespace, name)``; the default namespace is ``None``. A
-    namespace is an identity: copying or deep-copying a model keeps its namespaces
-    (so the copy's skips still match), and pickling keeps its id.
+    Skips are keyed by ``(namespace, name)``; the default namespace is ``None``, which,
+    as in torchgpipe, counts as a ``Namespace`` (``isinstance(None, Namespace)``). A
+    namespace is identified by its id: copies (``copy.copy``, ``copy.deepcopy``, pickling)
+    are new objects equal to it, so a copied model's skips still match. Namespaces are
+    ordered (by id, arbitrarily but consistently), so skip keys can be sorted.
 
     Example:
         >>> import copy
         >>> ns = Namespace()
-        >>> ns == copy.deepcopy(ns), ns == Namespace()
-        (True, False)
+        >>> ns == copy.copy(ns), ns is copy.copy(ns), ns == Namespace()
+        (True, False, False)
+        >>> isinstance(None, Namespace)
+        True
     """
 
     __slots__ = ("id",)
@@ -33,13 +40,17 @@ class Namespace:
         return hash(self.id)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Namespace) and other.id == self.id
+        # `other is not None`: None is a virtual subclass (the default namespace)
+        return isinstance(other, Namespace) and other is not None and other.id == self.id
 
-    def __copy__(self) -> Namespace:
-        return self
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Namespace) or other is None:
+            return NotImplemented
+        return self.id < other.id
 
-    def __deepcopy__(self, memo: dict[int, object]) -> Namespace:
-        return self
+
+# None is the default namespace: isinstance(None, Namespace) is True, as in torchgpipe.
+Namespace.register(type(None))
 
 
 SkipKey = tuple[Namespace | None, str]

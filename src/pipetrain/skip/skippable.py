@@ -21,6 +21,7 @@ each stage boundary) is known without running the model.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, ClassVar, TypeVar
 
@@ -80,7 +81,7 @@ class Skippable(nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.module = self.module_cls(*args, **kwargs)
-        self.namespaces: dict[str, Namespace] = {}
+        self.namespaces: dict[str, Namespace | None] = {}
 
     def __repr__(self) -> str:
         return f"@skippable({self.module!r})"
@@ -100,16 +101,17 @@ class Skippable(nn.Module):
             yield self.namespaced(name)
 
     def isolate(
-        self: SkippableT, ns: Namespace, *, only: Iterable[str] | None = None
+        self: SkippableT, ns: Namespace | None, *, only: Iterable[str] | None = None
     ) -> SkippableT:
         """Put this layer's skips (or only those named) in namespace ``ns``; returns self.
 
         Two pairs of layers can then use the same skip name, each pair isolated in
-        its own namespace.
+        its own namespace. ``ns=None`` puts them back in the default namespace. Names
+        in ``only`` that this layer does not declare change nothing; as torchgpipe
+        accepts them, they are not an error, but a ``UserWarning`` names them.
 
         Raises:
-            TypeError: ``ns`` is not a :class:`Namespace`.
-            ValueError: ``only`` names a skip this layer does not declare.
+            TypeError: ``ns`` is neither a :class:`Namespace` nor None.
 
         Example:
             >>> from torch import nn
@@ -122,7 +124,7 @@ class Skippable(nn.Module):
             >>> Save().isolate(ns).namespaced("skip") == (ns, "skip")
             True
         """
-        if not isinstance(ns, Namespace):
+        if not isinstance(ns, Namespace):  # None is one: the default namespace
             raise TypeError(
                 f"isolate() takes a Namespace, got {ns!r}; fix: ns = Namespace(); "
                 f"layer.isolate(ns)"
@@ -131,12 +133,14 @@ class Skippable(nn.Module):
         names = declared if only is None else set([only] if isinstance(only, str) else only)
         unknown = sorted(names - declared)
         if unknown:
-            raise ValueError(
-                f"{type(self).__name__} does not declare the skips {unknown} (it declares "
-                f"{sorted(declared)}); fix: isolate(ns, only={sorted(names & declared)}) or "
-                f"declare them in @skippable(stash=..., pop=...)"
+            warnings.warn(
+                f"{type(self).__name__}.isolate(only=...) names skips it does not declare, "
+                f"{unknown} (it declares {sorted(declared)}): they are not isolated; fix: "
+                f"isolate(ns, only={sorted(names & declared)}) or declare them in "
+                f"@skippable(stash=..., pop=...)",
+                stacklevel=2,
             )
-        for name in names:
+        for name in names & declared:
             self.namespaces[name] = ns
         return self
 
@@ -147,8 +151,9 @@ class Skippable(nn.Module):
 
         Raises:
             RuntimeError: a command for an undeclared name, a pop of a skip nothing
-                stashed, a declared skip not stashed / popped, or a yielded value that
-                is not a command.
+                stashed, or a declared skip not stashed / popped (each message holds
+                torchgpipe's wording, e.g. ``'x' must be stashed but have not``).
+            TypeError: a yielded value that is not a command (as torchgpipe's).
         """
         tracker = current_skip_tracker()
         result = self.module(*args, **kwargs)
@@ -158,13 +163,17 @@ class Skippable(nn.Module):
             output = self._serve(result, tracker.pop, stashed, popped)
         else:
             output = result
-        owed = sorted(self.stashable_names - stashed.keys())
-        unpopped = sorted(self.poppable_names - popped)
-        if owed or unpopped:
+        unused = [
+            f"{', '.join(repr(n) for n in sorted(names))} must be {verb} but have not"
+            for names, verb in ((self.stashable_names - stashed.keys(), "stashed"),
+                                (self.poppable_names - popped, "popped"))
+            if names
+        ]
+        if unused:
             raise RuntimeError(
                 f"{type(self).__name__} declares skips it did not use in this forward: "
-                f"not stashed {owed}, not popped {unpopped}; fix: yield stash(name, "
-                f"tensor) / pop(name) for every declared name on every call"
+                f"{'; '.join(unused)}; fix: yield stash(name, tensor) / pop(name) for "
+                f"every declared name on every call"
             )
         for name, tensor in stashed.items():
             tracker.stash(self.namespaced(name), tensor)
@@ -188,17 +197,17 @@ class Skippable(nn.Module):
             if isinstance(command, stash):
                 if command.name not in self.stashable_names:
                     raise RuntimeError(
-                        f"{layer} stashed {command.name!r}, which it does not declare "
-                        f"(stash={sorted(self.stashable_names)}); fix: add it to "
-                        f"@skippable(stash=[...])"
+                        f"{layer} stashed {command.name!r}: {command.name!r} has not been "
+                        f"declared as stashable (stash={sorted(self.stashable_names)}); "
+                        f"fix: add it to @skippable(stash=[...])"
                     )
                 stashed[command.name] = command.tensor
             elif isinstance(command, pop):
                 if command.name not in self.poppable_names:
                     raise RuntimeError(
-                        f"{layer} popped {command.name!r}, which it does not declare "
-                        f"(pop={sorted(self.poppable_names)}); fix: add it to "
-                        f"@skippable(pop=[...])"
+                        f"{layer} popped {command.name!r}: {command.name!r} has not been "
+                        f"declared as poppable (pop={sorted(self.poppable_names)}); fix: "
+                        f"add it to @skippable(pop=[...])"
                     )
                 if command.name in popped:
                     raise RuntimeError(f"{layer} popped {command.name!r} twice in one forward")
@@ -206,17 +215,18 @@ class Skippable(nn.Module):
                     tensor = take(self.namespaced(command.name))
                 except KeyError as error:
                     raise RuntimeError(
-                        f"{layer} pops {command.name!r} but it has not been stashed: "
-                        f"{error.args[0]}; fix: run the layer that stashes it earlier in "
+                        f"{layer} pops {command.name!r} but {command.name!r} has not been "
+                        f"stashed: {error.args[0]}; fix: run the layer that stashes it earlier in "
                         f"the same forward, and check the model with "
                         f"verify_skippables(model)"
                     ) from None
                 popped.add(command.name)
                 reply = tensor
             else:
-                raise RuntimeError(
-                    f"{layer}.forward yielded {command!r}; a skippable forward may only "
-                    f"yield stash(name, tensor) or pop(name)"
+                raise TypeError(
+                    f"{command!r} is not a command from @skippable: {layer}.forward "
+                    f"yielded it; fix: a skippable forward may only yield stash(name, "
+                    f"tensor) or pop(name)"
                 )
 
 

@@ -45,6 +45,7 @@ def chrome_trace(
     step_offsets: Sequence[float] | None = None,
     rank_names: Sequence[str] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    step_numbers: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Recorded steps (each: every rank's actions, seconds, one axis) as a Chrome trace.
 
@@ -53,7 +54,8 @@ def chrome_trace(
     ``k``'s times are shifted by ``step_offsets[k]`` seconds (e.g. its origin's
     ``time.time()``, to show the real gaps between steps). ``rank_names`` names the
     rank processes (default ``rank r``, e.g. pass host names); ``metadata`` (JSON-ready)
-    is stored as the trace's ``otherData``.
+    is stored as the trace's ``otherData``. ``step_numbers`` numbers the steps in the
+    events (default ``0, 1, ...``; a training run passes its own, 1-based, step numbers).
 
     Example:
         >>> from pipetrain.schedule import build_schedule, simulate
@@ -103,9 +105,12 @@ def chrome_trace(
     def micros(seconds: float) -> float:
         return round((seconds - base) * _MICROSECONDS, 3)
 
+    numbers = list(range(len(checked))) if step_numbers is None else [int(n) for n in step_numbers]
+    if len(numbers) != len(checked):
+        raise ValueError(f"step_numbers has {len(numbers)} entries for {len(checked)} steps")
     steps_pid = num_ranks
     events: list[dict[str, Any]] = []
-    for k, (step, offset) in enumerate(zip(checked, offsets)):
+    for k, step, offset in zip(numbers, checked, offsets):
         if not step:
             continue
         for t in step:
@@ -164,6 +169,7 @@ def write_chrome_trace(
     step_offsets: Sequence[float] | None = None,
     rank_names: Sequence[str] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    step_numbers: Sequence[int] | None = None,
 ) -> None:
     """Write :func:`chrome_trace` as JSON to ``path`` (gzip-compressed if it ends in ``.gz``).
 
@@ -181,7 +187,8 @@ def write_chrome_trace(
     Raises:
         TypeError, ValueError: as :func:`chrome_trace`.
     """
-    trace = chrome_trace(steps, step_offsets=step_offsets, rank_names=rank_names, metadata=metadata)
+    trace = chrome_trace(steps, step_offsets=step_offsets, rank_names=rank_names, metadata=metadata,
+                         step_numbers=step_numbers)
     text = json.dumps(trace, separators=(",", ":"))
     if os.fspath(path).endswith(".gz"):
         with gzip.open(path, "wt", encoding="utf-8") as file:

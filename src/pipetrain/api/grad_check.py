@@ -1,0 +1,111 @@
+"""The global gradient check of a step: one norm over all stages, clipping, the NaN guard.
+
+Before the first optimizer step of a training step, every rank adds up the squared
+norm of its stages' gradients (each weight counted once) and a flag telling whether any
+loss it computed was non-finite; one all-reduce over the whole job makes both global.
+Every rank therefore takes the same decision: clip by the global norm, and apply the
+update only when the loss and the norm are finite (``nonfinite='error'`` or ``'skip'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients"]
+
+NONFINITE_POLICIES = ("error", "skip", "ignore")
+"""What a step with a non-finite loss or gradient norm does: ``error`` skips the update
+and raises :class:`NonFiniteError`; ``skip`` skips the update and goes on (as
+mixed-precision trainers skip overflowing steps); ``ignore`` applies it anyway."""
+
+
+class NonFiniteError(ArithmeticError):
+    """A training step produced a non-finite loss or gradient norm; its update was not
+    applied on any stage, so the weights are those of the last good step.
+
+    ``step`` is the 1-based number of the failed step; ``loss`` and ``grad_norm`` its values.
+    """
+
+    def __init__(self, message: str, *, step: int, loss: float, grad_norm: float) -> None:
+        super().__init__(message)
+        self.step = step
+        self.loss = loss
+        self.grad_norm = grad_norm
+
+    @classmethod
+    def at_step(cls, step: int, *, loss: float, grad_norm: float | None) -> NonFiniteError:
+        """The error of step ``step`` (1-based), naming its values and the fixes.
+
+        Example:
+            >>> str(NonFiniteError.at_step(3, loss=float("nan"), grad_norm=None)).split(";")[0]
+            'step 3 is not finite: loss nan, gradient norm unknown'
+        """
+        norm = "unknown" if grad_norm is None else f"{grad_norm:.6g}"
+        return cls(
+            f"step {step} is not finite: loss {loss:.6g}, gradient norm {norm}; no stage "
+            f"applied its update, so the weights are those after step {step - 1}; fix: a "
+            "lower learning rate or gradient clipping (clip_grad_norm=1.0), or "
+            "PipelineConfig(nonfinite='skip') to skip such steps",
+            step=step, loss=loss, grad_norm=math.nan if grad_norm is None else grad_norm,
+        )
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    """The outcome of :func:`check_gradients` (the same on every rank)."""
+
+    grad_norm: float
+    """The global L2 norm of the gradients (before clipping)."""
+    loss_finite: bool
+    """Whether every micro-batch loss of the step was finite."""
+
+    @property
+    def finite(self) -> bool:
+        """Whether the update may be applied."""
+        return self.loss_finite and math.isfinite(self.grad_norm)
+
+
+def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch.Tensor:
+    """Sum of the squared gradients, in float64 whatever the layout (so that a run
+    resharded to another number of stages clips exactly as before)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
+    return norms.square().sum().to(device)
+
+
+def check_gradients(
+    params: Iterable[nn.Parameter],
+    *,
+    loss_finite: bool,
+    replicas: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> GradCheck:
+    """The global gradient norm and loss finiteness of a step (every rank of ``group`` calls it).
+
+    ``params`` are this rank's parameters, each weight of the model counted once per
+    replica (a tied copy on another stage is left out); after the data-parallel
+    all-reduce every replica holds the same gradients, so the job-wide sum is divided by
+    ``replicas``.
+
+    Example (one process)::
+
+        check = check_gradients(model.parameters(), loss_finite=True, replicas=1,
+                                device=torch.device("cpu"))
+        check.grad_norm, check.finite
+    """
+    flag = torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64, device=device)
+    values = torch.stack([_squared_norm(params, device), flag])
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(values, group=group)
+    squared, bad_losses = (float(v) for v in values.cpu())
+    return GradCheck(grad_norm=math.sqrt(squared / replicas) if squared >= 0 else math.nan,
+                     loss_finite=bad_losses == 0.0)

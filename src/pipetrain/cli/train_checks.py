@@ -1,0 +1,144 @@
+"""Everything ``pipetrain train`` can check before a worker starts, and what a resume does.
+
+:func:`prepare` runs in the launcher (so that mistakes are named before any process
+starts) and again in every worker (under torchrun there is no launcher); it has no side
+effects, so every rank reaches the same verdict. A resume takes the options the user
+did not give from the run it continues, honours the ones given (they are recorded as
+changes), and refuses a change of the model's shape and a resume with nothing to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipetrain.cli.run_folder import read_json, resume_source
+from pipetrain.cli.train_options import (
+    MODEL_OPTIONS,
+    RUN_OPTIONS,
+    flag,
+    pipeline_fields,
+    stages_per_rank,
+)
+
+__all__ = ["Resume", "prepare"]
+
+_NOT_OPTIONS = frozenset({"run", "given", "command", "verbose", "resumed"})
+
+
+@dataclass
+class Resume:
+    """What a ``--resume`` continues."""
+
+    checkpoint: str
+    """The complete checkpoint folder to load."""
+    step: int
+    """The step the checkpoint was saved at."""
+    run_folder: str | None
+    """The run folder whose options and history continue (None: a bare checkpoint)."""
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """Options given now that differ from the resumed run's: ``{name: (old, new)}``."""
+
+
+def _merge(args: argparse.Namespace, saved: dict[str, Any], changes: dict[str, tuple[Any, Any]],
+           problems: list[str]) -> None:
+    """Take the options not given from ``saved``; note the given ones that differ."""
+    for name, old in saved.items():
+        if name in RUN_OPTIONS or name in _NOT_OPTIONS or not hasattr(args, name):
+            continue
+        if name not in args.given:
+            setattr(args, name, old)
+            continue
+        new = getattr(args, name)
+        if new == old:
+            continue
+        if name in MODEL_OPTIONS:
+            problems.append(
+                f"{flag(name, new)} differs from the resumed run's {flag(name, old)}: a resume keeps "
+                f"the model's shape; fix: leave out {flag(name, new).split()[0]}, or start a new run "
+                "with another --out"
+            )
+        else:
+            changes[name] = (old, new)
+
+
+def _resume(args: argparse.Namespace, problems: list[str]) -> Resume | None:
+    from pipetrain.api.checkpointing import find_checkpoint, read_checkpoint_info
+
+    if not os.path.exists(args.resume):
+        problems.append(f"--resume {args.resume!r}: no such run folder or checkpoint")
+        return None
+    source = resume_source(args.resume)
+    found = find_checkpoint(source.checkpoint)
+    if found is None:
+        where = source.run_folder or args.resume
+        problems.append(
+            f"--resume {args.resume!r}: {where!r} holds no complete checkpoint (a run stopped "
+            "before its first save has none); fix: start the run again without --resume, or "
+            "resume a run folder that has checkpoint/"
+        )
+        return None
+    step = int(read_checkpoint_info(found)["step"])
+    resume = Resume(checkpoint=found, step=step, run_folder=source.run_folder)
+    if source.run_folder is not None:
+        saved = read_json(os.path.join(source.run_folder, "config.json")) or {}
+        _merge(args, dict(saved.get("args", {})), resume.changes, problems)
+        if args.out is None:
+            args.out = source.run_folder
+    if args.steps <= step:
+        problems.append(
+            f"nothing to do: the checkpoint of {args.resume!r} is at step {step} and --steps is "
+            f"{args.steps}; --steps is the step to reach, not how many to add; fix: e.g. "
+            f"--steps {step + 100} to train 100 more steps"
+        )
+    return resume
+
+
+def _option_problems(args: argparse.Namespace) -> list[str]:
+    from pipetrain.api.config import config_problems
+    from pipetrain.data import load_corpus
+
+    problems = config_problems(pipeline_fields(args), spell=flag)
+    if args.width % args.heads:
+        fitting = max(h for h in range(1, args.heads + 1) if args.width % h == 0)
+        problems.append(
+            f"--width {args.width} is not divisible by --heads {args.heads}; fix: --heads {fitting} "
+            f"or --width {-(-args.width // args.heads) * args.heads}"
+        )
+    virtual = stages_per_rank(args)
+    num_layers = args.layers + 2
+    stages = args.stages * virtual
+    if stages > num_layers:
+        problems.append(
+            f"more stages than layers: {stages} stages for {num_layers} layers (embedding, "
+            f"{args.layers} blocks, head); fix: --stages {max(1, num_layers // virtual)} "
+            f"or --layers {stages - 2}"
+        )
+    per_replica = args.batch_size // args.replicas
+    if per_replica < args.microbatches:
+        problems.append(
+            f"--batch-size {args.batch_size} gives each of the {args.replicas} replica(s) "
+            f"{per_replica} sequences, too few for --microbatches {args.microbatches} (each "
+            f"micro-batch needs one); fix: --batch-size {args.microbatches * args.replicas} or "
+            f"--microbatches {max(1, per_replica)}"
+        )
+    if args.data is not None:
+        try:
+            load_corpus(args.data, max_bytes=1 << 16)
+        except (OSError, ValueError) as error:
+            problems.append(f"--data {args.data!r}: {error}")
+    return problems
+
+
+def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
+    """Resolve a resume into ``args`` (in place) and find every problem with the options.
+
+    Returns the resume (None without ``--resume``) and the problems, each naming the bad
+    value and its fix in command-line terms.
+    """
+    problems: list[str] = []
+    resume = _resume(args, problems) if args.resume is not None else None
+    problems.extend(_option_problems(args))
+    return resume, problems

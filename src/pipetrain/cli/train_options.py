@@ -1,0 +1,204 @@
+"""The options of ``pipetrain train``: their definitions, which ones the user gave, and
+the configurations they make.
+
+Every option records, when it is given on the command line, its name in
+``args.given``: a resumed run takes the options the user did not give from the run it
+continues (:mod:`.train_resume`), and honours (and records) the ones given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "FLAGS",
+    "MODEL_OPTIONS",
+    "RUN_OPTIONS",
+    "add_train_arguments",
+    "flag",
+    "gpt_config",
+    "pipeline_config",
+    "pipeline_fields",
+    "recorded",
+    "stages_per_rank",
+]
+
+MODEL_OPTIONS = ("layers", "width", "heads", "context")
+"""Options that fix the shape of the model's weights: a resume cannot change them."""
+RUN_OPTIONS = ("out", "resume")
+"""Options of this invocation alone: never taken from a resumed run."""
+
+FLAGS = {
+    "num_stages": "--stages",
+    "replicas": "--replicas",
+    "num_microbatches": "--microbatches",
+    "schedule": "--schedule",
+    "stages_per_rank": "--virtual",
+    "checkpoint": "--checkpoint",
+    "clip_grad_norm": "--clip",
+    "seed": "--seed",
+    "timeout": "--timeout",
+    "nonfinite": "--nonfinite",
+    "num_layers": "--layers",
+    "width": "--width",
+    "num_heads": "--heads",
+    "context": "--context",
+    "dropout": "--dropout",
+}
+"""The command-line flag of each configuration field (PipelineConfig, GPTConfig)."""
+
+
+def flag(name: str, value: Any) -> str:
+    """A setting as the command line spells it: ``flag("stages_per_rank", 2) == "--virtual 2"``.
+
+    Example:
+        >>> flag("num_stages", 4), flag("batch_size", 8)
+        ('--stages 4', '--batch-size 8')
+    """
+    option = FLAGS.get(name, "--" + name.replace("_", "-"))
+    return f"{option} {value}"
+
+
+class _Given(argparse.Action):
+    """Store the value and remember that the option was given."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = set(getattr(namespace, "given", ())) | {self.dest}
+
+
+def _number(kind: Callable[[str], Any], *, low: float, strict: bool, what: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        if value < low or (strict and value == low):
+            bound = f"above {low:g}" if strict else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    return convert
+
+
+_positive_int = _number(int, low=1, strict=False, what="a positive integer")
+_count = _number(int, low=0, strict=False, what="an integer")
+_positive = _number(float, low=0.0, strict=True, what="a number")
+_non_negative = _number(float, low=0.0, strict=False, what="a number")
+
+
+def _rate(text: str) -> float:
+    value = _non_negative(text)
+    if not value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {text}")
+    return float(value)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every ``pipetrain train`` option to ``parser``."""
+    from pipetrain.schedule import TRAINING_SCHEDULES
+
+    parser.set_defaults(given=set())
+
+    def add(group: Any, name: str, **kwargs: Any) -> None:
+        group.add_argument(name, action=_Given, **kwargs)
+
+    layout = parser.add_argument_group("pipeline")
+    add(layout, "--stages", type=_positive_int, default=2, help="pipeline ranks K (default 2)")
+    add(layout, "--replicas", type=_positive_int, default=1, help="data-parallel replicas D (default 1)")
+    add(layout, "--microbatches", type=_positive_int, default=8, help="micro-batches M per step (default 8)")
+    add(layout, "--schedule", default="1f1b",
+        help=f"{', '.join(TRAINING_SCHEDULES)} (default 1f1b)")
+    add(layout, "--virtual", type=_positive_int, default=None,
+        help="stages per rank for interleaved-1f1b (default 2)")
+    add(layout, "--checkpoint", default="never", choices=("always", "except_last", "never"),
+        help="re-materialization mode (default never)")
+    training = parser.add_argument_group("training")
+    add(training, "--steps", type=_positive_int, default=1000,
+        help="train up to this step (default 1000; with --resume, the total to reach)")
+    add(training, "--batch-size", type=_positive_int, default=32, help="sequences per step (default 32)")
+    add(training, "--lr", type=_positive, default=3e-3, help="peak learning rate (default 3e-3)")
+    add(training, "--warmup", type=_count, default=50, help="linear warm-up steps (default 50)")
+    add(training, "--clip", type=_non_negative, default=1.0,
+        help="global gradient-norm clip (default 1.0; 0 = off)")
+    add(training, "--seed", type=int, default=0, help="seed of weights, data order and dropout")
+    add(training, "--eval-every", type=_count, default=100,
+        help="validation loss every N steps (default 100; 0 = off)")
+    add(training, "--save-every", type=_count, default=0,
+        help="checkpoint every N steps (default 0: only at the end)")
+    add(training, "--nonfinite", default="error", choices=("error", "skip"),
+        help="a step with a non-finite loss or gradient norm: stop with an error, keeping "
+             "the last good weights (error, the default), or skip its update (skip)")
+    model = parser.add_argument_group("model")
+    add(model, "--layers", type=_positive_int, default=4, help="transformer blocks (default 4)")
+    add(model, "--width", type=_positive_int, default=64, help="embedding width (default 64)")
+    add(model, "--heads", type=_positive_int, default=4, help="attention heads (default 4)")
+    add(model, "--context", type=_positive_int, default=128, help="context length in bytes (default 128)")
+    add(model, "--dropout", type=_rate, default=0.0, help="dropout rate (default 0)")
+    data = parser.add_argument_group("data and output")
+    add(data, "--data", default=None,
+        help="a text file to train on (default: the Python standard library's source)")
+    add(data, "--out", default=None,
+        help="run folder, new or empty (default runs/<date-time>; with --resume, the resumed run's)")
+    add(data, "--resume", default=None, metavar="DIR",
+        help="continue the run in DIR (a run folder, or a checkpoint folder) from its checkpoint")
+    add(data, "--sample-bytes", type=_count, default=300,
+        help="bytes of text to sample at the end (default 300; 0 = none)")
+    add(data, "--timeout", type=_positive, default=300.0,
+        help="seconds any wait may take, start-up included, before failing (default 300)")
+
+
+def stages_per_rank(args: argparse.Namespace) -> int:
+    """``--virtual``, or its default for the schedule (2 for interleaved-1f1b, else 1)."""
+    from pipetrain.schedule import canonical_name
+
+    if args.virtual is not None:
+        return int(args.virtual)
+    try:
+        interleaved = canonical_name(args.schedule) == "interleaved-1f1b"
+    except ValueError:
+        return 1
+    return 2 if interleaved else 1
+
+
+def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~pipetrain.api.config.PipelineConfig` fields the options set."""
+    return {
+        "schedule": args.schedule,
+        "num_stages": args.stages,
+        "stages_per_rank": stages_per_rank(args),
+        "num_microbatches": args.microbatches,
+        "replicas": args.replicas,
+        "checkpoint": args.checkpoint,
+        "clip_grad_norm": args.clip if args.clip > 0 else None,
+        "seed": args.seed,
+        "timeout": args.timeout,
+        "nonfinite": args.nonfinite,
+    }
+
+
+def pipeline_config(args: argparse.Namespace) -> Any:
+    """The :class:`~pipetrain.api.config.PipelineConfig` of the options."""
+    from pipetrain.api.config import PipelineConfig
+
+    return PipelineConfig(**pipeline_fields(args))
+
+
+def gpt_config(args: argparse.Namespace) -> Any:
+    """The :class:`~pipetrain.models.GPTConfig` of the options."""
+    from pipetrain.models import GPTConfig
+
+    return GPTConfig(context=args.context, num_layers=args.layers, width=args.width,
+                     num_heads=args.heads, dropout=args.dropout)
+
+
+def recorded(args: argparse.Namespace, names: Sequence[str] = ()) -> dict[str, Any]:
+    """The options as a run folder records them (JSON-ready; no internal fields)."""
+    skip = {"run", "given", "command", "verbose", *names}
+    return {k: v for k, v in vars(args).items() if k not in skip}

@@ -1,0 +1,60 @@
+"""A step's guards: non-finite steps change nothing, too-small first batches are refused,
+evaluation takes any batch, and saves survive what an interrupted save left behind."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.distributed import run_workers
+from helpers.guard_jobs import batch_size_job, leftover_save_job, nonfinite_job, small_eval_job
+
+pytestmark = pytest.mark.distributed
+
+
+def test_a_non_finite_step_applies_no_update_on_any_stage() -> None:
+    """Bug: a NaN loss trained on to the end and replaced the good weights."""
+    for found in run_workers(nonfinite_job, 2, timeout=180):
+        message, step = found["error"]
+        assert step == 2 and "step 2 is not finite: loss nan" in message
+        assert "weights are those after step 1" in message and "fix:" in message
+        assert found["error_kept_weights"] and found["error_step"] == 1 and found["error_lr_kept"]
+        assert found["after_error_moved"]
+        loss_is_nan, skipped, step, unchanged = found["skip"]
+        assert loss_is_nan and skipped and step == 2 and unchanged
+        skipped_again, unchanged_again, norm = found["skip_then"]
+        assert not skipped_again and not unchanged_again and math.isfinite(norm)
+
+
+def test_a_first_batch_smaller_than_the_micro_batches_is_refused() -> None:
+    """Bug: --batch-size 2 --microbatches 8 silently ran 2 micro-batches."""
+    for found in run_workers(batch_size_job, 2, timeout=180):
+        message = found["small_first"]
+        assert message is not None and "a batch of 2 samples" in message
+        assert "num_microbatches=8" in message and "fix:" in message and "num_microbatches=2" in message
+        assert found["step_after_refusal"] == 0
+        assert found["steps"] == 2  # a smaller later batch still trains
+
+
+def test_evaluation_batches_smaller_than_the_replicas() -> None:
+    """Bug: `pipetrain train --replicas 2` crashed while sampling (a batch of one sample
+    cannot feed two replicas) and lost the run's records."""
+    for found in run_workers(small_eval_job, 2, timeout=180):
+        torch.testing.assert_close(found["output"], found["expected"], rtol=1e-5, atol=1e-6)
+        assert found["loss"] == pytest.approx(found["expected_loss"], rel=1e-5)
+
+
+def test_saves_survive_the_leftovers_of_interrupted_saves(tmp_path: Path) -> None:
+    """Bug: a half-deleted checkpoint.previous/ made every later save fail with
+    'Directory not empty', losing the resumed run."""
+    (found,) = run_workers(leftover_save_job, 1, str(tmp_path), timeout=180)
+    assert found["after_half_deleted_previous"] == ["checkpoint"]
+    assert found["found_between_renames"] == "checkpoint.previous"
+    assert found["loaded_between_renames"] == {"at": 2}
+    assert found["after_between_renames"] == ["checkpoint"]
+    assert found["found_partial"] == "checkpoint.partial"
+    assert found["after_partial"] == ["checkpoint"]
+    assert found["final_extra"] == {"at": 4}
