@@ -39,22 +39,31 @@ def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
     assert "val_loss" in steps[5] and "val_loss" in steps[11]
     assert all(0.0 <= s["bubble"] < 1.0 and s["tokens_per_s"] > 0 for s in steps)
     summary = metrics["summary"]
-    assert len(summary["busy_s_per_rank"]) == 2 and len(summary["idle_s_per_rank"]) == 2
-    assert summary["prediction"]["measured_step_s"] > 0 and summary["prediction"]["simulated_step_s"] > 0
+    assert len(summary["median_busy_seconds_per_rank"]) == 2 and len(summary["median_idle_seconds_per_rank"]) == 2
+    assert summary["last_step"]["step"] == 12
+    assert summary["last_step"]["makespan_seconds"] > 0 and summary["last_step"]["simulated_makespan_seconds"] > 0
+    assert metrics["stopped"]["reason"] == "finished" and metrics["checkpoint"]["step"] == 12
     assert [m["stages"] for m in metrics["memory"]] == [[0], [1]]
     assert all(m["peak_memory_bytes"] > 10_000_000 for m in metrics["memory"])
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    # the trace numbers steps as the run does (the last three of 12)
+    assert {e["args"]["step"] for e in trace["traceEvents"] if e.get("cat") == "step"} == {10, 11, 12}
     assert {"0F0", "1F0", "1B7", "0B7"} <= names or {"0F0", "1F0", "1B3", "0B3"} <= names
     assert (out / "checkpoint" / ".metadata").exists()
     assert len((out / "sample.txt").read_text(encoding="utf-8", errors="replace")) >= 16
 
-    # resuming continues from step 12 to 16, exactly where the data and schedule left off
+    # resuming into a new folder continues from step 12 to 16, exactly where the data and
+    # schedule left off, and the new folder holds the whole run's history
     more = _train("--steps", "16", "--resume", str(out), out=tmp_path / "more")
     assert more.returncode == 0, more.stderr[-3000:]
-    resumed = json.loads((tmp_path / "more" / "metrics.json").read_text())["steps"]
-    assert [s["step"] for s in resumed] == [13, 14, 15, 16]
+    assert "resuming" in more.stderr and "at step 12: training steps 13-16 (4 steps)" in more.stderr
+    assert "trained 4 steps (13-16)" in more.stdout
+    resumed = json.loads((tmp_path / "more" / "metrics.json").read_text())
+    assert [s["step"] for s in resumed["steps"]] == list(range(1, 17))
+    assert resumed["steps"][:12] == steps
+    assert [g["first_step"] for g in resumed["segments"]] == [1, 13]
 
     # a single process samples from the two-stage checkpoint
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -88,7 +97,7 @@ def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert "more stages than layers: 9 stages for 4 layers" in done.stderr
     assert "unknown schedule 'zigzag'" in done.stderr
-    assert "none.txt" in done.stderr and "no such file" in done.stderr
+    assert "none.txt" in done.stderr and "does not exist" in done.stderr
     assert not (tmp_path / "bad").exists()
 
 

@@ -10,10 +10,12 @@ checkpoint mode the losses and weights equal single-process training on the same
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -263,6 +265,11 @@ class Pipeline:
         dist.broadcast_object_list(token, src=0)
         return str(token[0])
 
+    def guard(self) -> AbstractContextManager[None]:
+        """A block in which a broken connection (a collective of the caller's, too) raises
+        :class:`~pipetrain.runtime.errors.PeerFailure` naming the rank that died."""
+        return self._monitor.guard() if self._monitor is not None else contextlib.nullcontext()
+
     # -- running ------------------------------------------------------------------------
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
@@ -270,7 +277,8 @@ class Pipeline:
         self._streams.seed = mix_seed(self.config.seed, self.step)
         origin = time.perf_counter()
         try:
-            self.executor.run(actions, io, record=self.last_timeline, origin=origin)
+            with self.guard():
+                self.executor.run(actions, io, record=self.last_timeline, origin=origin)
         except BaseException as error:
             if self._monitor is not None:
                 self._monitor.report_error(error)
@@ -282,7 +290,8 @@ class Pipeline:
         for loss in io.losses.values():
             local += loss.double().to(self._scalar_device)
         if dist.get_world_size() > 1:
-            dist.all_reduce(local)
+            with self.guard():
+                dist.all_reduce(local)
         return float(local)
 
     def train_step(self, inputs: Any, targets: Any) -> float:
@@ -314,7 +323,8 @@ class Pipeline:
         for module in self.layers.values():
             module.train()
         self._run(schedule.actions[self.pipeline_rank], io)
-        self._norms.commit()  # (also after a non-finite step, as nn.BatchNorm would)
+        with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
+            self._norms.commit()
         loss = self._mean_loss(io)
         self.last_step_skipped = self.optimizers.skipped
         if self.last_step_skipped and self.config.nonfinite == "error":
@@ -350,7 +360,8 @@ class Pipeline:
             last = len(self.layout.stage_to_rank) - 1
             box = [output]
             src = self.layout.global_rank(pipeline_rank=self.layout.stage_to_rank[last], replica=0)
-            dist.broadcast_object_list(box, src=src)
+            with self.guard():
+                dist.broadcast_object_list(box, src=src)
             output = box[0]
         return output
 

@@ -161,7 +161,8 @@ class _Run:
         self.records = RunRecords(
             args.out, options, world_size=dist.get_world_size(), first_step=self.start + 1,
             history=None if self.resume is None else self.resume.run_folder,
-            changes=None if self.resume is None else self.resume.changes)
+            changes=None if self.resume is None else self.resume.changes,
+            checkpoint_step=self.saved_step)
         self.records.write()
         if self.resume is not None:
             sys.stderr.write(self._describe_resume() + "\n")
@@ -174,7 +175,8 @@ class _Run:
         try:
             for step in range(self.start, self.args.steps):
                 self._train_one(step)
-                signal = self.stop.agreed(self.device)
+                with self.pipe.guard():
+                    signal = self.stop.agreed(self.device)
                 if signal is not None:
                     return self._interrupted(signal)
         except NonFiniteError as error:
@@ -192,7 +194,8 @@ class _Run:
         began = time.perf_counter()
         loss = pipe.train_step(inputs, targets)
         seconds = time.perf_counter() - began
-        gathered = _gather_step(pipe)
+        with pipe.guard():
+            gathered = _gather_step(pipe)
         record: dict[str, Any] = {}
         if self.rank == 0:
             assert gathered is not None and self.bar is not None and self.records is not None
@@ -285,8 +288,10 @@ class _Run:
 
     def _finish(self) -> int:
         memory: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(memory, {"rank": self.rank, "stages": list(self.pipe.local_stages),
-                                        "peak_memory_bytes": _peak_memory_bytes(self.pipe.device)})
+        with self.pipe.guard():
+            dist.all_gather_object(memory, {"rank": self.rank,
+                                            "stages": list(self.pipe.local_stages),
+                                            "peak_memory_bytes": _peak_memory_bytes(self.pipe.device)})
         if self.records is not None:
             self.records.memory = memory
             self.records.stopped = {"reason": "finished", "at_step": self.pipe.step,

@@ -47,7 +47,8 @@ class RunRecords:
     """
 
     def __init__(self, out: str, options: dict[str, Any], *, world_size: int, first_step: int,
-                 history: str | None = None, changes: dict[str, tuple[Any, Any]] | None = None) -> None:
+                 history: str | None = None, changes: dict[str, tuple[Any, Any]] | None = None,
+                 checkpoint_step: int | None = None) -> None:
         self.out = out
         self.options = options
         self.world_size = world_size
@@ -64,7 +65,8 @@ class RunRecords:
         })
         self.measures: list[StepMeasure] = []
         self.traced: list[tuple[int, list[TimedAction]]] = []
-        self.checkpoint_step: int | None = first_step - 1 if history is not None else None
+        self.checkpoint_step = checkpoint_step
+        """The step of the run's newest checkpoint (None before the first save)."""
         self.stopped: dict[str, Any] | None = None
         self.memory: list[Any] | None = None
         self.sample: str | None = None

@@ -81,7 +81,8 @@ class DistTransport:
         self._posted: dict[Channel, collections.deque[tuple[Any, torch.Tensor]]] = {
             c: collections.deque() for c in inbound
         }
-        self._pending: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
+        self._pending: collections.deque[tuple[Any, torch.Tensor, int]] = collections.deque()
+        """Posted sends: (work, buffer kept alive until done, destination rank)."""
         self._wait_timeout = datetime.timedelta(seconds=timeout)
 
     def explain_failure(self, error: BaseException, *, peer: int) -> PipelineError:
@@ -166,13 +167,13 @@ class DistTransport:
 
     def _post(self, buffer: torch.Tensor, dst: int, tag: int) -> None:
         work = dist.isend(buffer, dst=dst, group=self.group, tag=tag)
-        self._pending.append((work, buffer))
+        self._pending.append((work, buffer, dst))
         while len(self._pending) > _MAX_PENDING_SENDS:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
-        work, _ = self._pending.popleft()
-        self._wait(work, -1)
+        work, _, dst = self._pending.popleft()
+        self._wait(work, dst)
 
     def flush(self) -> None:
         while self._pending:

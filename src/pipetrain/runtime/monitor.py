@@ -6,22 +6,35 @@ declared dead. When a rank sees a broken connection it asks the store for the ro
 first, so the ranks that exit *because* a neighbour died do not get blamed: every rank
 reports the rank that died first. If the main thread is stuck in a call that cannot see
 the failure, the monitor ends the process after ``grace`` seconds with the same message.
+
+In a job that spans hosts, peers are named with their host (``rank 1 (on host node-b)``),
+and a raw gloo error that quotes a peer's ``[ip]:port`` is traced back to its rank through
+the roster that start-up left in the store (see :mod:`.roster`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
-from pipetrain.runtime.errors import PeerFailure
+from pipetrain.runtime.errors import PeerFailure, PipelineError, brief
+from pipetrain.runtime.roster import (
+    RankPlace,
+    describe_rank,
+    name_addresses,
+    rank_of_error,
+    read_roster,
+)
 
-__all__ = ["EXIT_PEER_FAILURE", "PeerMonitor"]
+__all__ = ["EXIT_PEER_FAILURE", "PeerMonitor", "is_communication_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +42,19 @@ EXIT_PEER_FAILURE = 75
 """Exit status of a process that the monitor ended because a peer died."""
 
 
-def _short(error: BaseException) -> str:
-    """The useful part of a c10d / gloo error: its first line, without the boilerplate."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    for cut in (". This is typically", " Exception raised from"):
-        text = text.split(cut)[0]
-    return text[:240]
+def is_communication_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from c10d / gloo communication (not from the user's code).
+
+    Example:
+        >>> is_communication_error(RuntimeError("[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4711"))
+        True
+        >>> is_communication_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+        False
+    """
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return "gloo/" in text or "Connection closed by peer" in text or "Connection reset by peer" in text
 
 
 class PeerMonitor:
@@ -46,6 +66,8 @@ class PeerMonitor:
         monitor.start()
         ...
         monitor.check()    # raises PeerFailure naming the dead rank, if any
+        with monitor.guard():
+            dist.all_reduce(loss)   # a broken connection raises PeerFailure naming the rank
         monitor.stop()     # at a clean exit
     """
 
@@ -71,6 +93,7 @@ class PeerMonitor:
         self.grace = grace
         self.store_host_rank = store_host_rank
         self.on_failure = on_failure
+        self._roster: dict[int, RankPlace] = {}
         self._failure: PeerFailure | None = None
         self._acknowledged = threading.Event()
         self._stopped = threading.Event()
@@ -82,6 +105,7 @@ class PeerMonitor:
 
     def start(self) -> None:
         """Start the heartbeat thread."""
+        self._roster = read_roster(self.store, self.world_size)
         self.store.set(self._key("exit", self.rank), "")
         self._thread.start()
 
@@ -108,32 +132,63 @@ class PeerMonitor:
             self._acknowledged.set()
             raise self._failure
 
+    def name(self, rank: int) -> str:
+        """``"rank 1"``, or ``"rank 1 (on host node-b)"`` in a job that spans hosts."""
+        return describe_rank(rank, self._roster)
+
     def explain(self, error: BaseException, peer: int) -> PeerFailure:
         """The failure to report after ``error`` in communication with rank ``peer``.
 
-        Prefers the root cause recorded by whichever rank saw it first.
+        Prefers the root cause recorded by whichever rank saw it first. ``peer`` may be
+        ``-1`` (unknown): then the rank whose address the error quotes is taken.
         """
+        if peer < 0:
+            peer = rank_of_error(error, self._roster) or -1
+        detail = name_addresses(brief(error), self._roster)
         cause = self._root_cause(wait=2.0)
         if cause is None and peer >= 0 and not self._has_exited(peer):
-            guess = (peer, f"rank {peer} died (its connection closed: {_short(error)})")
+            guess = (peer, f"{self.name(peer)} died (its connection closed: {detail})")
             self._record(*guess)
             cause = self._root_cause(wait=0.0) or guess
         if cause is None:
-            cause = (peer, f"communication with rank {peer} failed: {_short(error)}")
+            who = self.name(peer) if peer >= 0 else "another rank"
+            cause = (peer, f"communication with {who} failed: {detail}")
         failure = PeerFailure(self._message(cause[1]), dead_ranks=(cause[0],) if cause[0] >= 0 else ())
         self._fail(failure)
         return failure
 
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn a communication error raised inside (a collective, a wait) into the
+        :class:`PeerFailure` that names the rank that failed first; other errors pass."""
+        try:
+            yield
+        except PipelineError:
+            raise
+        except RuntimeError as error:
+            if not is_communication_error(error):
+                raise
+            raise self.explain(error, -1) from error
+
     def report_error(self, error: BaseException) -> None:
-        """Record that this rank fails with ``error`` (the root cause, unless one is known)."""
+        """Record that this rank fails with ``error`` (the root cause, unless one is known).
+
+        A broken connection is recorded as the failure of the peer it names, if any.
+        """
         if isinstance(error, PeerFailure):
             return
-        text = f"{type(error).__name__}: {_short(error)}"
-        self._record(self.rank, f"rank {self.rank} failed with {text}")
+        if is_communication_error(error):  # a broken connection is the peer's failure, not ours
+            peer = rank_of_error(error, self._roster)
+            if peer is not None and not self._has_exited(peer):
+                detail = name_addresses(brief(error), self._roster)
+                self._record(peer, f"{self.name(peer)} died (its connection closed: {detail})")
+            return
+        text = f"{type(error).__name__}: {name_addresses(brief(error), self._roster)}"
+        self._record(self.rank, f"{self.name(self.rank)} failed with {text}")
 
     def _message(self, cause: str) -> str:
         return (
-            f"rank {self.rank}: pipeline stopped because {cause}. The other ranks stop too; "
+            f"{self.name(self.rank)}: pipeline stopped because {cause}. The other ranks stop too; "
             "restart the job (with --resume to continue from the last checkpoint)."
         )
 
@@ -197,8 +252,8 @@ class PeerMonitor:
                 values = self.store.multi_get([self._key("beat", r) for r in present]) if present else []
             except Exception as error:
                 host = self.store_host_rank
-                who = f"rank {host}, which hosts the job's store," if host is not None else "the job's store"
-                self._fail(PeerFailure(self._message(f"{who} is unreachable ({_short(error)})"),
+                who = f"{self.name(host)}, which hosts the job's store," if host is not None else "the job's store"
+                self._fail(PeerFailure(self._message(f"{who} is unreachable ({brief(error)})"),
                                        dead_ranks=(host,) if host is not None else ()))
                 return
             now = time.monotonic()
@@ -208,7 +263,7 @@ class PeerMonitor:
                     last_change[r] = now
             for r in others:
                 if now - last_change[r] > self.dead_after and not self._has_exited(r):
-                    text = f"rank {r} stopped answering (no heartbeat for {self.dead_after:.0f} s)"
+                    text = f"{self.name(r)} stopped answering (no heartbeat for {self.dead_after:.0f} s)"
                     self._record(r, text)
                     dead, why = self._root_cause(wait=0.0) or (r, text)
                     self._fail(PeerFailure(self._message(why), dead_ranks=(dead,)))

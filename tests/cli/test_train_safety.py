@@ -1,0 +1,232 @@
+"""``pipetrain train`` never loses a user's work and ends every failure in one clear line.
+
+Regression tests of what a new user hit: a replicated run that crashed while sampling
+and wrote no records, a second run that overwrote the first, a resume that broke on the
+leftover of an interrupted save or trained nothing, a NaN that replaced the good
+checkpoint, Ctrl-C that left five tracebacks, and mistakes that surfaced as tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
+        "--microbatches", "2", "--warmup", "2", "--eval-every", "0", "--sample-bytes", "0"]
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "run-folder.md"
+
+
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipetrain", "train", *TINY, *args]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+
+def _train(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(*args), capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _checkpoint_tensors(folder: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(folder), str(tmp / "flat.pt"))
+    state = torch.load(tmp / "flat.pt", weights_only=False)
+    return {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+
+
+def _keys(value: object, prefix: str = "") -> set[str]:
+    if isinstance(value, dict):
+        found = set()
+        for key, inner in value.items():
+            found.add(key)
+            found |= _keys(inner, key)
+        return found
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return set().union(*(_keys(v) for v in value))
+    return set()
+
+
+def test_a_replicated_run_keeps_its_whole_folder_and_a_second_run_is_refused(tmp_path: Path) -> None:
+    """Bug: --replicas 2 crashed while sampling (one sample cannot feed two replicas) and
+    wrote no metrics, timeline, trace or sample; --out into an existing run overwrote it."""
+    out = tmp_path / "run"
+    done = _train("--stages", "2", "--replicas", "2", "--steps", "3", "--sample-bytes", "12",
+                  "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("config.json", "metrics.json", "timeline.png", "trace.json", "sample.txt",
+                 "checkpoint/.metadata"):
+        assert (out / name).is_file(), name
+    assert len((out / "sample.txt").read_bytes()) >= 12
+    assert "sample.txt" in done.stdout
+    metrics = _metrics(out)
+    assert [s["step"] for s in metrics["steps"]] == [1, 2, 3] and metrics["stopped"]["reason"] == "finished"
+    assert "run" not in metrics["config"]["args"]  # no function repr among the options
+    documented = DOCS.read_text()
+    missing = sorted(k for k in _keys(metrics) - set(metrics["config"]["args"])
+                     if f"`{k}`" not in documented)
+    assert not missing, f"metrics.json fields not documented in docs/run-folder.md: {missing}"
+
+    before = _files(out)
+    again = _train("--steps", "3", "--out", str(out), timeout=60)
+    assert again.returncode == 2
+    line = _last_line(again.stderr)
+    assert "already holds a run" in line and f"--resume {out}" in line
+    assert _files(out) == before  # the old checkpoint and records are untouched
+
+
+def test_a_resume_survives_a_leftover_save_and_keeps_the_run_history(tmp_path: Path) -> None:
+    """Bugs: a half-deleted checkpoint.previous/ made every later save fail; a resume
+    with --steps not above the saved step trained nothing and exited 0; metrics.json of
+    a resume held only the new steps; another --lr was silently ignored."""
+    from pipetrain.cli.train_job import lr_factor
+
+    out = tmp_path / "run"
+    first = _train("--steps", "4", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    leftover = out / "checkpoint.previous"
+    leftover.mkdir()
+    (leftover / "__1_0.distcp").write_bytes(b"half deleted")
+
+    nothing = _train("--resume", str(out), timeout=60)
+    assert nothing.returncode == 2
+    assert "nothing to do" in nothing.stderr and "at step 4" in nothing.stderr and "--steps 104" in nothing.stderr
+    wider = _train("--resume", str(out), "--steps", "6", "--width", "32", timeout=60)
+    assert wider.returncode == 2 and "--width 32 differs from the resumed run's --width 16" in wider.stderr
+
+    more = _train("--resume", str(out), "--steps", "6", "--lr", "1e-3")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "at step 4: training steps 5-6 (2 steps)" in more.stderr and "--lr 0.003 -> 0.001" in more.stderr
+    assert "trained 2 steps (5-6)" in more.stdout
+    assert not leftover.exists()
+    metrics = _metrics(out)
+    assert [s["step"] for s in metrics["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert metrics["segments"][-1] == {"first_step": 5, "args": metrics["config"]["args"],
+                                       "changed": {"steps": [4, 6], "lr": [0.003, 0.001]}}
+    assert metrics["config"]["args"]["lr"] == 0.001
+    # the new learning rate is the one used (records hold the LR after each step's update)
+    assert metrics["steps"][-1]["lr"] == pytest.approx(1e-3 * lr_factor(2, 6)(6))
+    assert metrics["steps"][3]["lr"] == pytest.approx(3e-3 * lr_factor(2, 4)(4))
+
+
+def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    """Bug: --lr 1e9 trained on NaN to the end, replaced the good checkpoint with NaN
+    weights and exited 0."""
+    out = tmp_path / "run"
+    done = _train("--steps", "8", "--lr", "1e9", "--warmup", "1", "--clip", "0", "--out", str(out))
+    assert done.returncode == 1
+    line = _last_line(done.stderr)
+    assert re.search(r"step \d is not finite \(loss nan", line), line
+    assert "--lr" in line and "--nonfinite skip" in line and "Traceback" not in done.stderr
+    metrics = _metrics(out)
+    stopped = metrics["stopped"]
+    assert stopped["reason"] == "nonfinite" and stopped["checkpoint_step"] == stopped["at_step"] - 1
+    assert [s["step"] for s in metrics["steps"]] == list(range(1, stopped["at_step"]))
+    tensors = _checkpoint_tensors(out / "checkpoint", tmp_path)
+    assert tensors and all(bool(torch.isfinite(t).all()) for t in tensors.values())
+
+
+def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> None:
+    """Bug: SIGINT ended the run with five tracebacks, no checkpoint and no metrics."""
+    from pipetrain.api.checkpointing import read_checkpoint_info
+
+    out = tmp_path / "run"
+    process = subprocess.Popen(_command("--steps", "100000", "--save-every", "2", "--out", str(out)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "metrics.json").exists() and (_metrics(out).get("checkpoint") or {}).get("step"):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run saved no checkpoint in 120 s")
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    line = _last_line(stderr)
+    assert line.startswith("pipetrain train: interrupted by SIGINT after step"), line
+    assert f"pipetrain train --resume {out}" in line and "Traceback" not in stderr
+    stopped = _metrics(out)["stopped"]
+    assert stopped["reason"] == "interrupted" and stopped["saved_now"]
+    assert read_checkpoint_info(out / "checkpoint")["step"] == stopped["at_step"] == stopped["checkpoint_step"]
+    assert len(_metrics(out)["steps"]) == stopped["at_step"]
+
+
+@pytest.mark.parametrize(
+    ("args", "phrases"),
+    [
+        (["--batch-size", "2", "--microbatches", "8"],
+         ["--batch-size 2", "--microbatches 8", "fix: --batch-size 8 or --microbatches 2"]),
+        (["--schedule", "foo"], ["unknown schedule 'foo'", "--schedule 1f1b"]),
+        (["--virtual", "2"], ["--virtual 2 needs an interleaved schedule", "--schedule interleaved-1f1b"]),
+        (["--lr", "-1"], ["argument --lr: must be above 0, got -1"]),
+        (["--width", "30", "--heads", "4"], ["--width 30 is not divisible by --heads 4"]),
+    ],
+)
+def test_option_mistakes_are_named_in_flags_before_any_worker_starts(args: list[str], phrases: list[str]) -> None:
+    """Bugs: --batch-size 2 --microbatches 8 silently ran 2 micro-batches; --schedule foo
+    listed 'forward', which train rejects; fixes quoted API names instead of flags."""
+    done = _train(*args, timeout=60)
+    assert done.returncode == 2
+    for phrase in phrases:
+        assert phrase in done.stderr, (phrase, done.stderr)
+    assert "forward" not in done.stderr and "stages_per_rank" not in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_data_that_is_empty_or_not_text_is_refused(tmp_path: Path) -> None:
+    """Bug: --data pointing at a binary file trained on it without a warning."""
+    empty, binary = tmp_path / "empty.txt", tmp_path / "model.bin"
+    empty.write_bytes(b"")
+    binary.write_bytes(bytes(range(256)) * 8)
+    for path, phrase in ((empty, "is empty"), (binary, "does not look like text (a NUL byte at offset 0)")):
+        done = _train("--data", str(path), timeout=60)
+        assert done.returncode == 2 and phrase in _last_line(done.stderr), done.stderr
+
+
+def test_a_mistake_found_inside_a_worker_is_the_last_line_without_a_traceback(tmp_path: Path) -> None:
+    """Bug: mistakes found in a worker ended in 2-12 tracebacks and torch.elastic's
+    'To enable traceback see ...' URL as the last line. This file is text for its first
+    64 KiB, which the launcher checks, and binary after, which only a worker reads."""
+    data = tmp_path / "late-binary.txt"
+    data.write_bytes(b"x = 1\n" * 20_000 + b"\x00\x01\x02" * 10)
+    quiet = _train("--data", str(data), "--steps", "2", "--out", str(tmp_path / "quiet"))
+    assert quiet.returncode == 1
+    line = _last_line(quiet.stderr)
+    assert line.startswith("pipetrain train: error: ValueError: corpus file") and "NUL byte" in line, line
+    assert "Traceback" not in quiet.stderr and "To enable traceback" not in quiet.stderr
+    verbose = subprocess.run([sys.executable, "-m", "pipetrain", "-v", "train", *TINY, "--data", str(data),
+                              "--steps", "2", "--out", str(tmp_path / "verbose")],
+                             capture_output=True, text=True, timeout=240, env=_env())
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+    assert "NUL byte" in _last_line(verbose.stderr)
