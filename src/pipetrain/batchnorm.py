@@ -159,6 +159,38 @@ class DeferredBatchNorm(_BatchNorm):
         self.counter = 0
         self.tracked = 0
 
+    def tracked_statistics(self) -> tuple[int, int, Tensor, Tensor]:
+        """``(micro-batches, count, mean, m2)`` tracked since the last commit: how many
+        micro-batches and values per channel, their per-channel mean and sum of squared
+        deviations (e.g. to merge those of data-parallel replicas before :meth:`commit`).
+
+        Example:
+            >>> bn = DeferredBatchNorm(2, chunks=4)
+            >>> _ = bn(torch.tensor([[1.0, 0.0], [3.0, 0.0]]))
+            >>> microbatches, count, mean, m2 = bn.tracked_statistics()
+            >>> microbatches, count, mean.tolist(), m2.tolist()
+            (1, 2, [2.0, 0.0], [2.0, 0.0])
+        """
+        return self.tracked, self.counter, self.tracked_mean, self.tracked_m2
+
+    def set_tracked_statistics(self, microbatches: int, count: int, mean: Tensor,
+                               m2: Tensor) -> None:
+        """Replace what is tracked (see :meth:`tracked_statistics`); :meth:`commit` then
+        stores it in the running statistics.
+
+        Example:
+            >>> bn = DeferredBatchNorm(1, chunks=2, momentum=1.0)
+            >>> bn.set_tracked_statistics(2, 4, torch.tensor([1.0]), torch.tensor([6.0]))
+            >>> bn.commit()
+            >>> bn.running_mean.tolist(), bn.running_var.tolist()
+            ([1.0], [2.0])
+        """
+        with torch.no_grad():
+            self.tracked_mean.copy_(mean)
+            self.tracked_m2.copy_(m2)
+        self.counter = count
+        self.tracked = microbatches
+
     def forward(self, input: Tensor) -> Tensor:
         """Normalize ``input``; in training, by its own statistics, tracking them."""
         self._check_input_dim(input)

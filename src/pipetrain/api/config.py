@@ -47,7 +47,12 @@ class PipelineConfig:
     clip_grad_norm: float | None = None
     """Clip the global gradient norm (over all stages) to this value."""
     seed: int = 0
-    """Seed of the random streams (dropout): a function of (seed, step, stage, micro-batch)."""
+    """Seed of the random streams (dropout, any random op): every layer draws from a
+    stream keyed by (seed, step, global layer index, micro-batch), whatever the stages."""
+    deferred_batch_norm: bool = False
+    """Turn the layers' batch norms into :class:`~pipetrain.batchnorm.DeferredBatchNorm`:
+    running statistics updated once per step over the whole mini-batch (every
+    micro-batch of every replica), as single-process training stores them."""
     timeout: float = 300.0
     """Seconds a rank waits for a message before it reports a stuck peer."""
     heartbeat_timeout: float = 10.0
@@ -138,6 +143,9 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
             f"{say('checkpoint', v['checkpoint'])}: the mode must be one of "
             f"{', '.join(CHECKPOINT_MODES)}, e.g. {say('checkpoint', 'never')}"
         )
+    if not isinstance(v["deferred_batch_norm"], bool):
+        found.append(f"{say('deferred_batch_norm', v['deferred_batch_norm'])} must be True or "
+                     f"False, e.g. {say('deferred_batch_norm', True)}")
     clip = v["clip_grad_norm"]
     if clip is not None and not (isinstance(clip, (int, float)) and clip > 0 and math.isfinite(clip)):
         found.append(f"{say('clip_grad_norm', clip)} must be a positive number, e.g. "

@@ -157,8 +157,9 @@ class GPipe(nn.Module):
             holds no graph at all.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
-    streams seeded per (forward call, partition, micro-batch), so a recomputation repeats
-    the masks exactly and ``torch.manual_seed`` reproduces a run. A partition's random
+    streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
+    the masks exactly, ``torch.manual_seed`` reproduces a run, and the masks do not
+    depend on the balance. A partition's random
     draws are watched during its first two training-mode calls (which run one partition
     at a time); partitions that drew nothing then run concurrently, without seeding.
     See :mod:`pipetrain.api.random_streams`.
@@ -271,6 +272,7 @@ class GPipe(nn.Module):
                     skips_in=self._layout.incoming(j),
                     skips_out=self._layout.crossing(j),
                     rng=rng,
+                    first_layer=sum(self.balance[:j]),
                     fuse_weight_gradients=self.fuse_weight_gradients,
                 )
                 executors.append(

@@ -8,6 +8,7 @@ do not depend on the number of stages (checkpoints reshard).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -128,9 +129,9 @@ class Layout:
         return tuple(self.global_rank(pipeline_rank=r, replica=replica) for r in self.stage_to_rank)
 
 
-class StageModule(nn.Module):
-    """The consecutive layers of one stage, applied in order; children are named by their
-    global layer index.
+class StageModule(nn.Sequential):
+    """The consecutive layers of one stage, applied in order (an ``nn.Sequential``);
+    children are named by their global layer index.
 
     Example:
         >>> import torch
@@ -142,11 +143,4 @@ class StageModule(nn.Module):
     """
 
     def __init__(self, layers: dict[int, nn.Module]) -> None:
-        super().__init__()
-        for index, layer in layers.items():
-            self.add_module(str(index), layer)
-
-    def forward(self, value: object) -> object:
-        for layer in self.children():
-            value = layer(value)
-        return value
+        super().__init__(OrderedDict((str(index), layer) for index, layer in layers.items()))

@@ -25,18 +25,25 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
-from pipetrain.api.layout import LayerSource, Layout, StageModule, Tie
+from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
+from pipetrain.api.pipeline_stages import (
+    build_stages,
+    convert_batch_norms,
+    model_skip_layout,
+    stage_parameters,
+)
 from pipetrain.api.step_batches import StepSplitter
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.checkpoint import checkpoint_stop
 from pipetrain.microbatch import merge_batches
+from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.monitor import PeerMonitor
 from pipetrain.runtime.process_group import DistContext
-from pipetrain.runtime.rng import SeededRng, is_stochastic, mix_seed
-from pipetrain.runtime.stage import LossFn, StageCompute
+from pipetrain.runtime.rng import RandomStreams, mix_seed
+from pipetrain.runtime.stage import LossFn
 from pipetrain.schedule import Action, Schedule, TimedAction, build_schedule, canonical_name
 
 __all__ = ["Pipeline"]
@@ -114,6 +121,7 @@ class Pipeline:
 
         # this rank's layers, named by global index; tied copies that meet here are shared
         self.layers = self._build_layers(layers)
+        convert_batch_norms(self.layers, config)
         self.model = nn.Module()
         self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
         self.mesh: Any = None
@@ -124,21 +132,20 @@ class Pipeline:
         broadcast_initial_weights(self.model, ties_here, layout=self.layout,
                                   pipeline_rank=self.pipeline_rank, dp_group=self._groups["dp"])
 
-        last = self.layout.stage_to_rank.__len__() - 1
-        self._rng = SeededRng()
-        self.stages: dict[int, StageCompute] = {}
-        for j in self.local_stages:
-            module = StageModule({i: self.layers[i] for i in self.layout.layer_ranges[j]})
-            self.stages[j] = StageCompute(
-                module,
-                stage_index=j,
-                device=self.device,
-                loss_fn=loss_fn if j == last else None,
-                rng=self._rng if is_stochastic(module) else None,
-                fuse_weight_gradients=config.fuse_weight_gradients,
-            )
+        self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)
+        self._streams = RandomStreams(microbatch_offset=self.replica * config.num_microbatches)
+        self.stages = build_stages(
+            self.layers, layout=self.layout, local_stages=self.local_stages,
+            skips=model_skip_layout(layers, self.layers, layout=self.layout,
+                                    device=self._scalar_device),
+            streams=self._streams, device=self.device, loss_fn=loss_fn,
+            fuse_weight_gradients=config.fuse_weight_gradients,
+        )
+        self._norms = DeferredNorms(self.layers.values(), group=self._groups["dp"],
+                                    replicas=config.replicas)
         self.optimizers = StageOptimizers(
-            self._stage_params(),
+            stage_parameters(self.layers, layout=self.layout, local_stages=self.local_stages),
             optimizer=optimizer,
             scheduler=lr_scheduler,
             dp_group=self._groups["dp"],
@@ -153,7 +160,6 @@ class Pipeline:
         # point to point always travels over gloo (CPU buffers; see runtime.distributed);
         # with another default backend (NCCL) the pipeline gets a gloo group of its own
         p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.optimizers.scalar_device = self._scalar_device
         stage_ranks = self.layout.stage_ranks(replica=self.replica)
         inbound, outbound = self.layout.channels(self.pipeline_rank)
@@ -239,19 +245,6 @@ class Pipeline:
         )
         return {"pp": self.mesh.get_group("pp"), "dp": self.mesh.get_group("dp")}
 
-    def _stage_params(self) -> dict[int, list[nn.Parameter]]:
-        seen: set[int] = set()
-        params: dict[int, list[nn.Parameter]] = {}
-        for j in sorted(self.local_stages):
-            own = []
-            for i in self.layout.layer_ranges[j]:
-                for p in self.layers[i].parameters():
-                    if p.requires_grad and id(p) not in seen:
-                        seen.add(id(p))
-                        own.append(p)
-            params[j] = own
-        return params
-
     def _start_monitor(self) -> PeerMonitor | None:
         if self.context is None:
             return None
@@ -281,6 +274,7 @@ class Pipeline:
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
         self.last_step_start = time.time()
+        self._streams.seed = mix_seed(self.config.seed, self.step)
         origin = time.perf_counter()
         try:
             with self.guard():
@@ -322,7 +316,6 @@ class Pipeline:
             loss_scales=batches.scales,
             checkpoint_stop=checkpoint_stop(self.config.checkpoint, num_microbatches),
         )
-        self._rng.step_seed = mix_seed(self.config.seed, self.step)
         self.optimizers.begin_step()
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
@@ -330,6 +323,8 @@ class Pipeline:
         for module in self.layers.values():
             module.train()
         self._run(schedule.actions[self.pipeline_rank], io)
+        with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
+            self._norms.commit()
         loss = self._mean_loss(io)
         self.last_step_skipped = self.optimizers.skipped
         if self.last_step_skipped and self.config.nonfinite == "error":

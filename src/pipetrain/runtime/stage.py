@@ -11,8 +11,10 @@ runtime calls it *before* waiting for the gradient, so the recomputation overlap
 next stage's backward (as torchgpipe does). A split backward (input half, weight half)
 recomputes once. Backward accumulates the weight gradients of linear layers in place
 (:mod:`.split_backward`; ``fuse_weight_gradients=False`` leaves them to autograd).
-Random stages draw from per-(stage, micro-batch) streams
-(:class:`~pipetrain.runtime.rng.SeededRng`), so the recomputation repeats dropout masks.
+With random streams (:class:`~pipetrain.runtime.rng.RandomStreams`) the stage runs its
+layers one by one and seeds torch's generators before each from (seed, global layer
+index, micro-batch), so the recomputation repeats dropout masks and the masks do not
+depend on where the model is cut.
 
 The message between stages ``j`` and ``j + 1`` is the stage output itself, or
 ``(output, [skip tensors])`` when skip connections cross the boundary (in the order of
@@ -31,7 +33,7 @@ from torch import nn
 
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.runtime.rng import SeededRng
+from pipetrain.runtime.rng import LayerHook, RandomStreams
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.runtime.split_backward import (
     GradientPool,
@@ -39,7 +41,7 @@ from pipetrain.runtime.split_backward import (
     backward_input,
     fused_backward,
 )
-from pipetrain.skip import SkipKey, run_with_skips
+from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
 
 __all__ = ["LossFn", "StageCompute"]
 
@@ -67,8 +69,10 @@ class StageCompute:
     """Runs one stage's layers on micro-batches: forward, backward, split backward.
 
     ``skips_in`` / ``skips_out`` are the skip connections that arrive with the input /
-    leave with the output (empty without skip connections). ``rng`` makes a random stage
-    deterministic when stages share a process (see :mod:`.rng`).
+    leave with the output (empty without skip connections). With ``rng`` every forward
+    runs the layers of ``module`` (its children if it is an ``nn.Sequential``, else the
+    module itself) one by one, layer ``l`` of them seeded as global layer
+    ``first_layer + l`` (see :mod:`.rng`).
 
     Example:
         >>> stage = StageCompute(nn.Linear(2, 2), stage_index=0, device=torch.device("cpu"))
@@ -87,7 +91,8 @@ class StageCompute:
         skips_in: Sequence[SkipKey] = (),
         skips_out: Sequence[SkipKey] = (),
         loss_fn: LossFn | None = None,
-        rng: SeededRng | None = None,
+        rng: RandomStreams | None = None,
+        first_layer: int = 0,
         fuse_weight_gradients: bool = True,
     ) -> None:
         self.module = module
@@ -97,6 +102,9 @@ class StageCompute:
         self.skips_out = tuple(skips_out)
         self.loss_fn = loss_fn
         self.rng = rng
+        self.first_layer = first_layer
+        """Global index of the stage's first layer (the key of its random stream)."""
+        self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
         self.fuse = fuse_weight_gradients
         self.gradient_pool = GradientPool()
         """Gradient buffers of this stage kept across optimizer steps (see
@@ -111,13 +119,24 @@ class StageCompute:
 
     # -- forward ----------------------------------------------------------------------
     def _call(self, microbatch: int, value: Any, skips: dict[SkipKey, Any]) -> Any:
-        scope: Any = contextlib.nullcontext()
-        if self.rng is not None:
-            scope = self.rng.scope(stage=self.stage_index, microbatch=microbatch, device=self.device)
-        with scope:
+        if self.rng is None:
+            return self._run(value, skips, None)
+        with self.rng.scope(stage=self.stage_index, microbatch=microbatch,
+                            device=self.device) as enter:
+            return self._run(value, skips, enter)
+
+    def _run(self, value: Any, skips: dict[SkipKey, Any], enter: LayerHook | None) -> Any:
+        """``(output, skips out)`` of the stage, its layers seeded one by one if ``enter``."""
+        if enter is None:
             if not self.skips_in and not self.skips_out:
                 return self.module(value), {}
             return run_with_skips(self.module, value, skips)
+        tracker = SkipTracker(skips)
+        with use_skip_tracker(tracker):
+            for index, layer in enumerate(self.layers, start=self.first_layer):
+                enter(index)
+                value = layer(value)
+        return value, tracker.remaining()
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device == self.device:
