@@ -163,6 +163,7 @@ class _Run:
             history=None if self.resume is None else self.resume.run_folder,
             changes=None if self.resume is None else self.resume.changes,
             checkpoint_step=self.saved_step)
+        self.records.schedule = lambda: self.pipe.schedule(args.microbatches)
         self.records.write()
         if self.resume is not None:
             sys.stderr.write(self._describe_resume() + "\n")
@@ -237,7 +238,7 @@ class _Run:
         if self.records is not None:
             args = self.args
             self.records.write(
-                schedule=lambda: self.pipe.schedule(args.microbatches), pictures=True,
+                pictures=True,
                 title=f"{args.schedule} ({args.stages} stages x {args.replicas} replicas, "
                       f"{args.microbatches} micro-batches)")
 

@@ -70,6 +70,8 @@ class RunRecords:
         self.stopped: dict[str, Any] | None = None
         self.memory: list[Any] | None = None
         self.sample: str | None = None
+        self.schedule: Callable[[], Schedule] | None = None
+        """The schedule of a step (for the simulator's makespan in the summary)."""
 
     # -- recording ----------------------------------------------------------------------
     def add(self, record: dict[str, Any], measure: StepMeasure, timeline: list[TimedAction]) -> None:
@@ -84,8 +86,9 @@ class RunRecords:
         first = self.segments[-1]["first_step"]
         return [s for s in self.steps if s["step"] >= first]
 
-    def summary(self, schedule: Callable[[], Schedule] | None) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """The summary block of ``metrics.json``."""
+        schedule = self.schedule
         steady = self.measures[len(self.measures) // 5:] or self.measures
         session = self.session_steps
         ranks = range(self.world_size)
@@ -114,14 +117,14 @@ class RunRecords:
             "last_step": last,
         }
 
-    def metrics(self, schedule: Callable[[], Schedule] | None = None) -> dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """The whole ``metrics.json`` value."""
         return {
             "schema": METRICS_SCHEMA,
             "config": {"args": self.options, "world_size": self.world_size},
             "segments": self.segments,
             "steps": self.steps,
-            "summary": self.summary(schedule),
+            "summary": self.summary(),
             "checkpoint": None if self.checkpoint_step is None else {"step": self.checkpoint_step,
                                                                      "folder": "checkpoint"},
             "stopped": self.stopped,
@@ -130,12 +133,11 @@ class RunRecords:
         }
 
     # -- writing ------------------------------------------------------------------------
-    def write(self, *, schedule: Callable[[], Schedule] | None = None, pictures: bool = False,
-              title: str = "") -> list[str]:
+    def write(self, *, pictures: bool = False, title: str = "") -> list[str]:
         """Write ``metrics.json`` (and, with ``pictures``, ``timeline.png`` and
         ``trace.json`` of the last steps); returns the names written."""
         os.makedirs(self.out, exist_ok=True)
-        write_json(os.path.join(self.out, "metrics.json"), self.metrics(schedule))
+        write_json(os.path.join(self.out, "metrics.json"), self.metrics())
         written = ["metrics.json"]
         if pictures and self.traced:
             step, timeline = self.traced[-1]
