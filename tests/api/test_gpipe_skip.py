@@ -26,15 +26,18 @@ def test_unet_matches_the_unpipelined_model(num_partitions, checkpoint):
     # some skip really crosses a partition boundary
     layout = skip_layout(gpipe.partitions)
     assert any(layout.crossing(j) for j in range(num_partitions - 1))
-    x = torch.randn(5, 3, 8, 8)
+    generator = torch.Generator().manual_seed(num_partitions)
+    x = torch.randn(5, 3, 8, 8, generator=generator)
     x_ref, x_pipe = leaf(x), leaf(x)
     expected, actual = model(x_ref), gpipe(x_pipe)
     assert_close(actual, expected, what="output")
-    weights = torch.randn_like(expected)
+    weights = torch.randn(expected.shape, generator=generator)
     (expected * weights).sum().backward()
     (actual * weights).sum().backward()
-    assert_close(x_pipe.grad, x_ref.grad, what="input grad")
-    assert_grads_close(gpipe.parameters(), model.parameters())
+    # convolution gradients summed over 3 micro-batches instead of the whole batch differ
+    # in float32 by a few 1e-6 of their scale (seen up to 4e-6 with random inputs)
+    assert_close(x_pipe.grad, x_ref.grad, rtol=1e-5, what="input grad")
+    assert_grads_close(gpipe.parameters(), model.parameters(), rtol=1e-5)
 
 
 @skippable(stash=["carry"])

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from helpers.distributed import run_workers
-from helpers.guard_jobs import batch_size_job, leftover_save_job, nonfinite_job, small_eval_job
+from helpers.guard_jobs import (
+    batch_size_job,
+    leftover_save_job,
+    nonfinite_job,
+    paramless_stage_job,
+    seeded_linear,
+    small_eval_job,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -58,3 +65,23 @@ def test_saves_survive_the_leftovers_of_interrupted_saves(tmp_path: Path) -> Non
     assert found["found_partial"] == "checkpoint.partial"
     assert found["after_partial"] == ["checkpoint"]
     assert found["final_extra"] == {"at": 4}
+
+
+def test_a_stage_without_parameters_needs_no_optimizer() -> None:
+    """Bug: a stage holding only parameter-free layers failed with 'optimizer got an empty
+    parameter list'."""
+    model = torch.nn.Sequential(torch.nn.Tanh(), seeded_linear())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    expected = []
+    for _ in range(2):
+        loss = torch.nn.functional.mse_loss(model(x), x)
+        expected.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    first, second = run_workers(paramless_stage_job, 2, timeout=120)
+    assert first["lr"] is None and second["lr"] == 0.1
+    for found in (first, second):
+        assert found["losses"] == pytest.approx(expected, rel=1e-6)
+    torch.testing.assert_close(second["weights"]["layers.1.weight"], model[1].weight.detach())

@@ -139,3 +139,24 @@ def leftover_save_job(ctx: Any, folder: str) -> dict[str, Any]:
     found["final_extra"] = pipe.load(path)
     pipe.close()
     return found
+
+
+def paramless_stage_job(ctx: Any) -> dict[str, Any]:
+    """Stage 0 is a parameter-free layer (nothing to optimize there)."""
+    from pipetrain.api.pipeline import Pipeline
+
+    pipe = Pipeline([torch.nn.Tanh, seeded_linear], loss_fn=F.mse_loss,
+                    optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    config=PipelineConfig(num_stages=2, num_microbatches=2), context=ctx)
+    x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(0))
+    losses = [pipe.train_step(x, x) for _ in range(2)]
+    found = {"losses": losses, "lr": pipe.optimizers.learning_rate,
+             "weights": {k: v.detach().clone() for k, v in pipe.named_parameters().items()}}
+    pipe.close()
+    return found
+
+
+def seeded_linear() -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return torch.nn.Linear(WIDTH, WIDTH)

@@ -75,7 +75,8 @@ class StageOptimizers:
         """Called with a stage after its step to reset its gradients (default:
         ``zero_grad(set_to_none=True)``)."""
         self.stage_params = {j: list(ps) for j, ps in stage_params.items()}
-        self.optimizers = {j: optimizer(ps) for j, ps in self.stage_params.items()}
+        # a stage without trainable parameters (an activation, a reshape) has no optimizer
+        self.optimizers = {j: optimizer(ps) for j, ps in self.stage_params.items() if ps}
         self.schedulers = (
             {j: scheduler(o) for j, o in self.optimizers.items()} if scheduler is not None else {}
         )
@@ -105,6 +106,14 @@ class StageOptimizers:
     def last_grad_norm(self) -> float | None:
         """The global gradient norm of the last step, before clipping (None if unchecked)."""
         return None if self.last_check is None else self.last_check.grad_norm
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The learning rate of this rank's first optimizer's first parameter group (None
+        when this rank holds no trainable parameter)."""
+        for optimizer in self.optimizers.values():
+            return float(optimizer.param_groups[0]["lr"])
+        return None
 
     @property
     def skipped(self) -> bool:
@@ -175,6 +184,8 @@ class StageOptimizers:
             self._stepped = True
             self._finish_reductions()
             self._check()
+        if stage not in self.optimizers:
+            return
         if self._apply:
             self.optimizers[stage].step()
         if stage in self.schedulers and (self._apply or self.nonfinite == "skip"):

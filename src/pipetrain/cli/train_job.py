@@ -205,7 +205,7 @@ class _Run:
             record = {"step": step + 1, "loss": loss, "seconds": seconds,
                       "tokens_per_s": args.batch_size * args.context / seconds,
                       "bubble": measure.bubble_fraction,
-                      "lr": pipe.optimizers.optimizers[min(pipe.local_stages)].param_groups[0]["lr"]}
+                      "lr": pipe.optimizers.learning_rate}
             if pipe.grad_norm is not None:
                 record["grad_norm"] = pipe.grad_norm
             if pipe.last_step_skipped:
