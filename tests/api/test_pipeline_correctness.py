@@ -14,6 +14,8 @@ import pytest
 
 from helpers.distributed import run_workers
 from helpers.pipeline_jobs import (
+    gpt_eval_job,
+    gpt_eval_reference,
     gpt_job,
     gpt_reference,
     masked_job,
@@ -76,6 +78,25 @@ def test_replicas_ties_and_changing_sequence_length_match_single_process() -> No
     ]
     results = run_workers(gpt_job, 4, configs, 4, timeout=300)
     _check(results, configs, gpt_reference(4))
+
+
+def test_stages_with_different_replica_counts_match_single_process() -> None:
+    """PipeDream's layouts: stage 0 on two processes and stage 1 on one (2-1), and 1-2;
+    micro-batches round-robin over a stage's replicas, each stage's gradients summed in
+    its own replica group, tied embeddings across stages with different replica counts,
+    global clipping. The last stage's replicas' outputs are gathered in order."""
+    configs = [
+        {"num_stages": 2, "stage_replicas": replicas, "num_microbatches": 3, "schedule": s,
+         "checkpoint": c}
+        for replicas in ((2, 1), (1, 2)) for s in ("gpipe", "1f1b") for c in ("never", "except_last")
+    ]
+    results = run_workers(gpt_job, 3, configs, 3, timeout=300)
+    _check(results, configs, gpt_reference(3))
+    expected_output, expected_loss = gpt_eval_reference()
+    for output, loss in run_workers(gpt_eval_job, 3, {"num_stages": 2, "stage_replicas": (1, 2),
+                                                        "num_microbatches": 3}, timeout=120):
+        assert (output - expected_output).abs().max() < TOLERANCE
+        assert abs(loss - expected_loss) < TOLERANCE
 
 
 def test_stage_boundary_carrying_a_dict_with_an_integer_mask() -> None:

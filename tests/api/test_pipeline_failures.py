@@ -68,4 +68,4 @@ def test_layout_and_config_errors_need_no_processes() -> None:
         Layout.create(PipelineConfig(num_stages=4, balance=[2, 2]), num_layers=4)
     layout = Layout.create(PipelineConfig(num_stages=2, replicas=2, balance=[3, 1]), num_layers=4)
     assert layout.layer_ranges == (range(0, 3), range(3, 4))
-    assert layout.stage_ranks(replica=1) == (1, 3)
+    assert layout.placement().rank(1, 1) == 3 and layout.placement().rank(1, 2) == 2

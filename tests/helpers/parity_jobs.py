@@ -189,10 +189,10 @@ def reference(name: str, steps: int, size: int, *, num_microbatches: int, replic
     for step, (x, y) in enumerate(training):
         opt.zero_grad()
         total = 0.0
-        pieces = [(r * num_microbatches + i, xb, yb)
-                  for r, (xs, ys) in enumerate(zip(split_batch(x, replicas), split_batch(y, replicas)))
-                  for i, (xb, yb) in enumerate(zip(split_batch(xs, num_microbatches),
-                                                   split_batch(ys, num_microbatches)))]
+        # the pipeline splits the whole batch into num_microbatches per replica of the
+        # first stage, dealt round-robin; the keys are the micro-batches' indices
+        count = num_microbatches * replicas
+        pieces = list(zip(range(count), split_batch(x, count), split_batch(y, count)))
         for key, xb, yb in pieces:
             with seeded_layers(mix_seed(seed, step), key, torch.device("cpu")) as enter:
                 value = xb

@@ -250,3 +250,21 @@ def construction_error_job(ctx: Any, config: dict[str, Any], depth: int) -> str:
     except (ValueError, TypeError) as error:
         return f"{type(error).__name__}: {error}"
     return "no error"
+
+
+def gpt_eval_job(ctx: Any, config: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """The untrained GPT's output (broadcast) and mean loss on a batch of 5 sequences."""
+    pipe = make_gpt_pipeline(ctx, config)
+    x, y = gpt_batches(1, batch=5)[0]
+    output = pipe.eval_step(x, broadcast=True)
+    loss = pipe.eval_step(x, y)
+    pipe.close()
+    return output, loss
+
+
+def gpt_eval_reference() -> tuple[torch.Tensor, float]:
+    model = build_gpt(GPT, seed=3)
+    x, y = gpt_batches(1, batch=5)[0]
+    with torch.no_grad():
+        output = model(x)
+    return output, float(gpt_loss(output, y))

@@ -51,15 +51,6 @@ def test_the_callers_generator_state_is_restored_also_on_error() -> None:
     assert torch.equal(before, torch.default_generator.get_state())
 
 
-def test_the_microbatch_offset_shifts_the_key() -> None:
-    shifted = RandomStreams(seed=4, microbatch_offset=3)
-    with shifted.scope(stage=7, microbatch=1, device=CPU) as enter:
-        assert enter is not None
-        enter(2)
-        draw = torch.rand(16)
-    assert torch.equal(draw, _draw(4, 4, 2))
-
-
 def _run(stages: list[tuple[list[nn.Module], int]], x: torch.Tensor, *,
          checkpointed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Output and parameter gradients of the layers cut into ``stages`` (layers, first

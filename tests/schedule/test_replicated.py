@@ -19,14 +19,14 @@ LAYOUTS = [r for k in (1, 2, 3) for r in itertools.product((1, 2, 3), repeat=k)]
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "forward"])
 def test_every_replica_layout_validates_and_routes_round_robin(name: str) -> None:
-    for replicas, per_replica in itertools.product(LAYOUTS, (1, 2, 3, 5)):
-        if per_replica * replicas[0] < max(replicas):
+    for replicas, total in itertools.product(LAYOUTS, (1, 2, 3, 5, 8)):
+        if total < max(replicas) and name != "forward":
             continue
-        schedule = build_schedule(name, num_ranks=len(replicas), num_microbatches=per_replica,
+        schedule = build_schedule(name, num_ranks=len(replicas), num_microbatches=total,
                                   replicas=replicas, optimizer_step=name != "forward",
                                   reduce=name != "forward")
         assert schedule.num_ranks == sum(replicas)
-        assert schedule.num_microbatches == per_replica * replicas[0]
+        assert schedule.num_microbatches == total
         groups = replica_ranks(replicas)
         assert [schedule.ranks_of(j) for j in range(len(replicas))] == list(groups)
         for r, actions in enumerate(schedule.actions):
@@ -52,13 +52,18 @@ def test_equal_replica_counts_are_copies_of_the_one_replica_schedule(name: str) 
         base = build_schedule(name, num_ranks=num_stages, num_microbatches=per_replica,
                               communication=False)
         replicated = replicated_pipeline(name, [num_replicas] * num_stages, per_replica * num_replicas)
-        assert replicated.actions == uniform_replicas(base, num_replicas).actions
+        copies = uniform_replicas(
+            lambda n, k=num_stages: build_schedule(name, num_ranks=k, num_microbatches=n, communication=False),
+            per_replica * num_replicas, num_replicas)
+        assert replicated.actions == copies.actions
+        assert base.actions == build_schedule(name, num_ranks=num_stages, num_microbatches=per_replica,
+                                              communication=False).actions
 
 
 @pytest.mark.parametrize("name", ["zb-h1", "interleaved-1f1b"])
 def test_any_schedule_runs_with_the_same_replica_count_everywhere(name: str) -> None:
     spr = 2 if name == "interleaved-1f1b" else 1
-    schedule = build_schedule(name, num_ranks=2, num_microbatches=4, stages_per_rank=spr,
+    schedule = build_schedule(name, num_ranks=2, num_microbatches=12, stages_per_rank=spr,
                               replicas=[3, 3], optimizer_step=True, reduce=True)
     assert schedule.num_ranks == 6 and schedule.num_microbatches == 12
     for d in range(3):  # replica d runs micro-batches d, d + 3, ... on every stage
@@ -73,6 +78,9 @@ def test_a_replicated_slow_stage_keeps_up() -> None:
     one_one = simulate(build_schedule("1f1b", num_ranks=2, num_microbatches=16), costs).makespan
     one_two = simulate(build_schedule("1f1b", num_ranks=2, num_microbatches=16, replicas=[1, 2]),
                        costs).makespan
+    # a small evaluation batch leaves replicas idle
+    small = build_schedule("forward", num_ranks=2, num_microbatches=1, replicas=[2, 2])
+    assert [len(acts) for acts in small.actions] == [2, 0, 2, 0]
     assert one_two < 0.6 * one_one
     assert one_two < 16 * 3 + 2 * 6  # the first stage's work plus a fill and a drain
 
@@ -80,6 +88,8 @@ def test_a_replicated_slow_stage_keeps_up() -> None:
 def test_layouts_that_cannot_run_are_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match=r"zb-h1.*cannot run replicated stages with different"):
         build_schedule("zb-h1", num_ranks=2, num_microbatches=4, replicas=[2, 1])
+    with pytest.raises(ValueError, match=r"1 micro-batches cannot train 2 replicas"):
+        build_schedule("zb-h1", num_ranks=2, num_microbatches=1, replicas=[2, 2])
     with pytest.raises(ValueError, match=r"more replicas than the 2 micro-batches.*num_microbatches >= 3"):
         replicated_pipeline("1f1b", [1, 3], 2)
     with pytest.raises(ValueError, match=r"replicas \[2\] has 1 entries for 2 ranks"):

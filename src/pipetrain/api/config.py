@@ -37,9 +37,14 @@ class PipelineConfig:
     stages_per_rank: int = 1
     """Virtual stages per rank (``V``, interleaved schedules only)."""
     num_microbatches: int = 8
-    """Micro-batches per replica and step (``M``); a smaller batch gives fewer."""
+    """Micro-batches per step and per replica of the first stage (``M``; the step runs
+    ``M x`` that stage's replicas in all, dealt round-robin); a smaller batch gives fewer."""
     replicas: int = 1
     """Data-parallel replicas of every stage (``D``)."""
+    stage_replicas: tuple[int, ...] | None = None
+    """Replicas of each pipeline rank, when they differ (a plan's layout, e.g. ``(2, 1)``:
+    stage 0 on two processes, stage 1 on one); needs one stage per rank, ``replicas=1``
+    and the ``gpipe`` or ``1f1b`` schedule."""
     checkpoint: str = "never"
     """``always``, ``except_last`` or ``never``: which micro-batches are re-materialized."""
     balance: Sequence[int] | None = None
@@ -77,9 +82,22 @@ class PipelineConfig:
         return self.num_stages * self.stages_per_rank
 
     @property
+    def replica_counts(self) -> tuple[int, ...]:
+        """Replicas of each pipeline rank."""
+        if self.stage_replicas is not None:
+            return tuple(self.stage_replicas)
+        return (self.replicas,) * self.num_stages
+
+    @property
+    def total_microbatches(self) -> int:
+        """Micro-batches of a full step, all replicas together: ``num_microbatches`` per
+        replica of the first stage."""
+        return self.num_microbatches * self.replica_counts[0]
+
+    @property
     def world_size(self) -> int:
-        """Processes the layout needs: ``num_stages * replicas``."""
-        return self.num_stages * self.replicas
+        """Processes the layout needs: the replicas of every pipeline rank."""
+        return sum(self.replica_counts)
 
     def problems(self, *, spell: Spelling | None = None) -> list[str]:
         """Every problem with the configuration, each with its fix (see
@@ -96,6 +114,30 @@ Spelling = Callable[[str, Any], str]
 
 def _python_spelling(name: str, value: Any) -> str:
     return f"{name}={value!r}"
+
+
+def _stage_replica_problems(counts: tuple[Any, ...], v: Mapping[str, Any], name: str,
+                            say: Spelling) -> list[str]:
+    from pipetrain.schedule.replicated import REPLICATED_SCHEDULES
+
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+        return [f"{say('stage_replicas', counts)} must be positive integers, one per pipeline rank"]
+    found = []
+    if isinstance(v["num_stages"], int) and len(counts) != v["num_stages"]:
+        found.append(f"{say('stage_replicas', counts)} has {len(counts)} entries for "
+                     f"{say('num_stages', v['num_stages'])}; fix: one count per pipeline rank")
+    if v["replicas"] != 1:
+        found.append(f"{say('stage_replicas', counts)} and {say('replicas', v['replicas'])} both "
+                     "set replicas; fix: keep one of them")
+    if len(set(counts)) > 1:
+        if v["stages_per_rank"] != 1:
+            found.append(f"{say('stage_replicas', counts)} differ between ranks, which needs "
+                         f"{say('stages_per_rank', 1)}")
+        if name and name not in REPLICATED_SCHEDULES:
+            found.append(f"{say('stage_replicas', counts)} differ between ranks, which schedule "
+                         f"{name!r} cannot run; fix: {say('schedule', '1f1b')} or "
+                         f"{say('schedule', 'gpipe')}")
+    return found
 
 
 def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None) -> list[str]:
@@ -138,6 +180,9 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
             f"{say('stages_per_rank', stages_per_rank)} needs an interleaved schedule; fix: "
             f"{say('schedule', 'interleaved-1f1b')} or {say('stages_per_rank', 1)}"
         )
+    stage_replicas = v["stage_replicas"]
+    if stage_replicas is not None:
+        found.extend(_stage_replica_problems(tuple(stage_replicas), v, name, say))
     if v["checkpoint"] not in CHECKPOINT_MODES:
         found.append(
             f"{say('checkpoint', v['checkpoint'])}: the mode must be one of "

@@ -25,7 +25,7 @@ from pipetrain.counts import whole_number
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
-from pipetrain.runtime.executor import RankExecutor
+from pipetrain.runtime.executor import Placement, RankExecutor
 from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
@@ -276,7 +276,7 @@ class GPipe(nn.Module):
                     fuse_weight_gradients=self.fuse_weight_gradients,
                 )
                 executors.append(
-                    RankExecutor(rank=j, stage_to_rank=tuple(range(num)), stages={j: stage},
+                    RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},
                                  transport=transport)
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)

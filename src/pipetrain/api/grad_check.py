@@ -93,8 +93,8 @@ def check_gradients(
 
     ``params`` are this rank's parameters, each weight of the model counted once per
     replica (a tied copy on another stage is left out); after the data-parallel
-    all-reduce every replica holds the same gradients, so the job-wide sum is divided by
-    ``replicas``.
+    all-reduce every replica of a stage holds the same gradients, so each rank adds its
+    share divided by its stage's ``replicas`` (which may differ from stage to stage).
 
     Example (one process)::
 
@@ -103,9 +103,9 @@ def check_gradients(
         check.grad_norm, check.finite
     """
     flag = torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64, device=device)
-    values = torch.stack([_squared_norm(params, device), flag])
+    values = torch.stack([_squared_norm(params, device) / replicas, flag])
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(values, group=group)
     squared, bad_losses = (float(v) for v in values.cpu())
-    return GradCheck(grad_norm=math.sqrt(squared / replicas) if squared >= 0 else math.nan,
+    return GradCheck(grad_norm=math.sqrt(squared) if squared >= 0 else math.nan,
                      loss_finite=bad_losses == 0.0)

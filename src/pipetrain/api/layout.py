@@ -16,7 +16,8 @@ from torch import nn
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.partition import verify_balance
-from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel
+from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Placement
+from pipetrain.schedule.replicated import replica_ranks
 
 __all__ = ["LayerSource", "Layout", "StageModule", "Tie"]
 
@@ -32,7 +33,11 @@ Tie = tuple[tuple[int, str], ...]
 class Layout:
     """Stages, ranks and replicas of one job (the same on every process).
 
-    Global rank ``g`` is pipeline rank ``g // replicas``, replica ``g % replicas``.
+    Pipeline rank ``p`` (which holds model stages ``stages_of(p)``) has
+    ``replica_counts[p]`` data-parallel replicas, on consecutive global ranks: pipeline
+    rank 0's replicas first. With the same count ``D`` everywhere, global rank ``g`` is
+    pipeline rank ``g // D``, replica ``g % D``. Micro-batch ``i`` of a stage runs on
+    replica ``i % D`` of its pipeline rank (:meth:`placement`).
 
     Example:
         >>> from pipetrain.api.config import PipelineConfig
@@ -41,15 +46,19 @@ class Layout:
         (range(0, 2), range(2, 4))
         >>> layout.global_rank(pipeline_rank=1, replica=0)
         2
+        >>> uneven = Layout.create(PipelineConfig(num_stages=2, stage_replicas=(2, 1)), num_layers=4)
+        >>> uneven.position(2), uneven.placement().rank(0, 3), uneven.world_size
+        ((1, 0), 1, 3)
     """
 
     num_stages: int
     """Pipeline ranks per replica."""
-    replicas: int
     stage_to_rank: tuple[int, ...]
     """Pipeline rank of each model stage."""
     layer_ranges: tuple[range, ...]
     """Layers of each model stage."""
+    replica_counts: tuple[int, ...]
+    """Replicas of each pipeline rank."""
 
     @staticmethod
     def create(config: PipelineConfig, *, num_layers: int) -> Layout:
@@ -76,19 +85,41 @@ class Layout:
         starts = [sum(balance[:j]) for j in range(len(balance))]
         ranges = tuple(range(s, s + n) for s, n in zip(starts, balance))
         placement = tuple(j % config.num_stages for j in range(num_model_stages))
-        return Layout(config.num_stages, config.replicas, placement, ranges)
+        return Layout(config.num_stages, placement, ranges, config.replica_counts)
 
     @property
     def world_size(self) -> int:
-        return self.num_stages * self.replicas
+        return sum(self.replica_counts)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The global ranks of each pipeline rank's replicas."""
+        return replica_ranks(self.replica_counts)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every pipeline rank has the same number of replicas."""
+        return len(set(self.replica_counts)) == 1
 
     def global_rank(self, *, pipeline_rank: int, replica: int) -> int:
         """The global rank of a pipeline rank in a replica."""
-        return pipeline_rank * self.replicas + replica
+        return self.groups[pipeline_rank][replica]
 
     def position(self, rank: int) -> tuple[int, int]:
         """``(pipeline rank, replica)`` of a global rank."""
-        return divmod(rank, self.replicas)
+        for p, group in enumerate(self.groups):
+            if rank in group:
+                return p, group.index(rank)
+        raise ValueError(f"rank {rank} is not in the job's {self.world_size} ranks")
+
+    def placement(self) -> Placement:
+        """Which global rank runs each micro-batch of each model stage."""
+        groups = self.groups
+        return Placement([groups[p] for p in self.stage_to_rank])
+
+    def ranks_of_stage(self, stage: int) -> tuple[int, ...]:
+        """Every global rank holding model stage ``stage`` (its replicas)."""
+        return self.groups[self.stage_to_rank[stage]]
 
     def stages_of(self, pipeline_rank: int) -> tuple[int, ...]:
         """Model stages held by a pipeline rank."""
@@ -123,10 +154,6 @@ class Layout:
                 outbound.append(Channel(ACTIVATION, j, j + 1))
                 inbound.append(Channel(GRADIENT, j + 1, j))
         return inbound, outbound
-
-    def stage_ranks(self, *, replica: int) -> tuple[int, ...]:
-        """Global rank of every model stage in ``replica`` (the transport's placement)."""
-        return tuple(self.global_rank(pipeline_rank=r, replica=replica) for r in self.stage_to_rank)
 
 
 class StageModule(nn.Sequential):

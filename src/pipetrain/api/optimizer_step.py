@@ -65,7 +65,6 @@ class StageOptimizers:
         scheduler: SchedulerFactory | None = None,
         dp_group: Any = None,
         dp_size: int = 1,
-        pp_group: Any = None,  # the replica's pipeline ranks (None: the default group)
         ties: Sequence[TiedParameter] = (),
         clip_grad_norm: float | None = None,
         nonfinite: str = "error",
@@ -82,7 +81,6 @@ class StageOptimizers:
         )
         self.dp_group = dp_group
         self.dp_size = dp_size
-        self.pp_group = pp_group
         self.ties = list(ties)
         self._tied_ids = {id(t.param) for t in self.ties}
         self.clip_grad_norm = clip_grad_norm

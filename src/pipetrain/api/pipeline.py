@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,12 +20,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
+from pipetrain.api.pipeline_outputs import gather_outputs
+from pipetrain.api.pipeline_setup import build_layers, replica_group, start_monitor
 from pipetrain.api.pipeline_stages import (
     build_stages,
     convert_batch_norms,
@@ -34,17 +34,15 @@ from pipetrain.api.pipeline_stages import (
     stage_parameters,
 )
 from pipetrain.api.step_batches import StepSplitter
+from pipetrain.api.step_schedules import StepSchedules
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
-from pipetrain.checkpoint import checkpoint_stop
-from pipetrain.microbatch import merge_batches
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
-from pipetrain.runtime.monitor import PeerMonitor
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
-from pipetrain.schedule import Action, Schedule, TimedAction, build_schedule, canonical_name
+from pipetrain.schedule import Action, Schedule, TimedAction, canonical_name
 
 __all__ = ["Pipeline"]
 
@@ -100,11 +98,14 @@ class Pipeline:
             )
         world_size = dist.get_world_size()
         if world_size != config.world_size:
+            counts = config.replica_counts
+            need = (f"num_stages x replicas = {config.num_stages} x {config.replicas}"
+                    if config.stage_replicas is None else f"sum(stage_replicas={counts})")
             raise ValueError(
                 f"the job has {world_size} processes but the configuration needs "
-                f"num_stages x replicas = {config.num_stages} x {config.replicas} = "
-                f"{config.world_size}; fix: launch {config.world_size} processes or set "
-                f"num_stages={world_size // config.replicas}"
+                f"{need} = {config.world_size}; fix: launch {config.world_size} processes"
+                + (f" or set num_stages={world_size // config.replicas}"
+                   if config.stage_replicas is None else "")
             )
         self.config = config
         self.rank = dist.get_rank()
@@ -112,29 +113,29 @@ class Pipeline:
         self.device = context.device if context is not None else torch.device("cpu")
         self.loss_fn = loss_fn
         self.schedule_name = canonical_name(config.schedule)
-        num_layers = len(layers)
-        self.layout = Layout.create(config, num_layers=num_layers)
+        self.layout = Layout.create(config, num_layers=len(layers))
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
+        self.num_replicas = self.layout.replica_counts[self.pipeline_rank]
+        """Replicas of this rank's stages (this rank included)."""
         self.local_stages = self.layout.stages_of(self.pipeline_rank)
-        self._schedules: dict[tuple[str, int], Schedule] = {}
-        self._check_schedule(config.num_microbatches)
+        self._schedules = StepSchedules(config, self.layout)
+        self._check_schedule(config.total_microbatches)
 
         # this rank's layers, named by global index; tied copies that meet here are shared
-        self.layers = self._build_layers(layers)
+        self.layers = build_layers(layers, layout=self.layout, local_stages=self.local_stages,
+                                   device=self.device)
         convert_batch_norms(self.layers, config)
         self.model = nn.Module()
         self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
-        self.mesh: Any = None
-        """The ``("pp", "dp")`` DeviceMesh of the job."""
-        self._groups = self._make_groups()
+        self._replica_group = replica_group(self.layout, pipeline_rank=self.pipeline_rank)
         ties_here = tie_layers(self.layers, list(ties), layout=self.layout,
                                pipeline_rank=self.pipeline_rank)
         broadcast_initial_weights(self.model, ties_here, layout=self.layout,
-                                  pipeline_rank=self.pipeline_rank, dp_group=self._groups["dp"])
+                                  pipeline_rank=self.pipeline_rank, dp_group=self._replica_group)
 
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)
-        self._streams = RandomStreams(microbatch_offset=self.replica * config.num_microbatches)
+        self._streams = RandomStreams()
         self.stages = build_stages(
             self.layers, layout=self.layout, local_stages=self.local_stages,
             skips=model_skip_layout(layers, self.layers, layout=self.layout,
@@ -142,29 +143,28 @@ class Pipeline:
             streams=self._streams, device=self.device, loss_fn=loss_fn,
             fuse_weight_gradients=config.fuse_weight_gradients,
         )
-        self._norms = DeferredNorms(self.layers.values(), group=self._groups["dp"],
-                                    replicas=config.replicas)
+        self._norms = DeferredNorms(self.layers.values(), group=self._replica_group,
+                                    replicas=self.num_replicas)
         self.optimizers = StageOptimizers(
             stage_parameters(self.layers, layout=self.layout, local_stages=self.local_stages),
             optimizer=optimizer,
             scheduler=lr_scheduler,
-            dp_group=self._groups["dp"],
-            dp_size=config.replicas,
-            pp_group=self._groups["pp"],
+            dp_group=self._replica_group,
+            dp_size=self.num_replicas,
             ties=ties_here,
             clip_grad_norm=config.clip_grad_norm,
             nonfinite=config.nonfinite,
             release=lambda stage: self.stages[stage].release_gradients(),
         )
-        self._monitor = self._start_monitor()
+        self.optimizers.scalar_device = self._scalar_device
+        self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout)
         # point to point always travels over gloo (CPU buffers; see runtime.distributed);
         # with another default backend (NCCL) the pipeline gets a gloo group of its own
         p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-        self.optimizers.scalar_device = self._scalar_device
-        stage_ranks = self.layout.stage_ranks(replica=self.replica)
+        placement = self.layout.placement()
         inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
-            stage_to_rank=stage_ranks,
+            placement=placement,
             inbound=inbound,
             outbound=outbound,
             timeout=config.timeout,
@@ -176,7 +176,7 @@ class Pipeline:
             self._monitor.on_failure = self.transport.mailbox.fail
         self.executor = RankExecutor(
             rank=self.rank,
-            stage_to_rank=stage_ranks,
+            placement=placement,
             stages=self.stages,
             transport=self.transport,
             hooks=self.optimizers,
@@ -189,81 +189,27 @@ class Pipeline:
         """Wall-clock time (``time.time()``) at which the last step started on this rank."""
         self.last_step_skipped = False
         """Whether the last training step's update was skipped (``nonfinite='skip'``)."""
-        self._splitter = StepSplitter(replicas=config.replicas, replica=self.replica,
-                                      num_microbatches=config.num_microbatches)
-        self._holds_last = len(self.layout.stage_to_rank) - 1 in self.local_stages
+        self._splitter = StepSplitter(num_microbatches=config.total_microbatches,
+                                      min_microbatches=max(self.layout.replica_counts),
+                                      first_replicas=self.layout.replica_counts[0])
+        self._last_stage = len(self.layout.stage_to_rank) - 1
+        self._holds_last = self._last_stage in self.local_stages
 
     # -- construction -------------------------------------------------------------------
     def _check_schedule(self, num_microbatches: int) -> None:
         try:
-            self._schedule(self.schedule_name, num_microbatches)
+            self._schedules.get(self.schedule_name, num_microbatches)
         except ValueError as error:
             raise ValueError(
                 f"schedule {self.schedule_name!r} cannot run {num_microbatches} micro-batches "
                 f"on {self.config.num_stages} ranks: {error}"
             ) from None
 
-    def schedule(self, num_microbatches: int, *, training: bool = True) -> Schedule:
-        """The validated schedule this pipeline runs for ``num_microbatches`` micro-batches."""
-        return self._schedule(self.schedule_name if training else "forward", num_microbatches)
-
-    def _schedule(self, name: str, num_microbatches: int) -> Schedule:
-        key = (name, num_microbatches)
-        if key not in self._schedules:
-            self._schedules[key] = self._build_schedule(name, num_microbatches)
-        return self._schedules[key]
-
-    def _build_schedule(self, name: str, num_microbatches: int) -> Schedule:
-        training = name != "forward"
-        return build_schedule(
-            name,
-            num_ranks=self.config.num_stages,
-            num_microbatches=num_microbatches,
-            stages_per_rank=self.config.stages_per_rank,
-            optimizer_step=training,
-            reduce=training,
-        )
-
-    def _build_layers(self, source: LayerSource) -> dict[int, nn.Module]:
-        indices = [i for j in self.local_stages for i in self.layout.layer_ranges[j]]
-        layers: dict[int, nn.Module] = {}
-        for i in indices:
-            layer = source[i] if isinstance(source, nn.Sequential) else source[i]()
-            if not isinstance(layer, nn.Module):
-                raise TypeError(
-                    f"layer factory {i} returned {type(layer).__name__}, not an nn.Module; "
-                    "fix: each factory must build and return one layer"
-                )
-            layers[i] = layer.to(self.device)
-        return layers
-
-    def _make_groups(self) -> dict[str, Any]:
-        """The pp x dp device mesh: global rank = pipeline rank * replicas + replica."""
-        self.mesh = init_device_mesh(
-            self.device.type, (self.layout.num_stages, self.layout.replicas),
-            mesh_dim_names=("pp", "dp"),
-        )
-        return {"pp": self.mesh.get_group("pp"), "dp": self.mesh.get_group("dp")}
-
-    def _start_monitor(self) -> PeerMonitor | None:
-        if self.context is None:
-            return None
-        namespace = self._shared_namespace()
-        monitor = PeerMonitor(
-            self.context.store,
-            rank=self.rank,
-            world_size=dist.get_world_size(),
-            namespace=namespace,
-            dead_after=self.config.heartbeat_timeout,
-            store_host_rank=self.context.store_host_rank,
-        )
-        monitor.start()
-        return monitor
-
-    def _shared_namespace(self) -> str:
-        token = [uuid.uuid4().hex if self.rank == 0 else None]
-        dist.broadcast_object_list(token, src=0)
-        return str(token[0])
+    def schedule(self, num_microbatches: int | None = None, *, training: bool = True) -> Schedule:
+        """The validated schedule of a step of ``num_microbatches`` micro-batches (all
+        replicas together; default: a full step's), every rank's action list."""
+        total = self.config.total_microbatches if num_microbatches is None else num_microbatches
+        return self._schedules.get(self.schedule_name if training else "forward", total)
 
     def guard(self) -> AbstractContextManager[None]:
         """A block in which a broken connection (a collective of the caller's, too) raises
@@ -298,9 +244,10 @@ class Pipeline:
         """One training step on a batch; returns its mean loss (the same on every rank).
 
         Every rank passes the same global batch (tensors of equal dim 0; nested values
-        allowed); each replica takes its share, split into micro-batches. The first batch
-        must give every replica at least ``num_microbatches`` samples; a later, smaller
-        batch (the last of an epoch) runs as fewer micro-batches, with the same math.
+        allowed); it is split into the step's micro-batches (``num_microbatches`` per
+        replica of the first stage), dealt round-robin over each stage's replicas. The
+        first batch must fill them all; a later, smaller batch (the last of an epoch)
+        runs as fewer micro-batches, with the same math.
 
         Raises:
             NonFiniteError: the loss or the global gradient norm is not finite (with
@@ -308,13 +255,13 @@ class Pipeline:
                 did not advance.
         """
         batches = self._splitter.train(inputs, targets)
-        num_microbatches = len(batches.inputs)
-        schedule = self._schedule(self.schedule_name, num_microbatches)
+        n = len(batches.inputs)
         io = StepIO(
             inputs=batches.inputs if 0 in self.local_stages else None,
             targets=batches.targets if self._holds_last else None,
             loss_scales=batches.scales,
-            checkpoint_stop=checkpoint_stop(self.config.checkpoint, num_microbatches),
+            checkpointed=self._schedules.checkpointed(self.config.checkpoint, self.schedule_name,
+                                                      n, rank=self.rank),
         )
         self.optimizers.begin_step()
         self.optimizers.losses_finite = lambda: all(
@@ -322,7 +269,7 @@ class Pipeline:
         )
         for module in self.layers.values():
             module.train()
-        self._run(schedule.actions[self.pipeline_rank], io)
+        self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
         loss = self._mean_loss(io)
@@ -335,11 +282,11 @@ class Pipeline:
 
     def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
         """Forward only. With ``targets``: the mean loss (every rank). Without: the model's
-        output, on the last stage's ranks (every rank if ``broadcast``; else ``None``
-        elsewhere). A batch may be of any size, also smaller than the number of replicas
-        (the replicas left without a sample then idle)."""
+        output for the whole batch, on the first rank of the last stage (every rank if
+        ``broadcast``; else ``None`` elsewhere). A batch may be of any size, also smaller
+        than the number of replicas (the replicas left without a sample then idle)."""
         batches = self._splitter.eval(inputs, targets)
-        num_microbatches = len(batches.inputs)
+        n = len(batches.inputs)
         io = StepIO(
             inputs=batches.inputs if 0 in self.local_stages else None,
             targets=batches.targets if self._holds_last and targets is not None else None,
@@ -347,23 +294,13 @@ class Pipeline:
         )
         for module in self.layers.values():
             module.eval()
-        if num_microbatches:
-            schedule = self._schedule("forward", num_microbatches)
-            with torch.no_grad():
-                self._run(schedule.actions[self.pipeline_rank], io)
+        with torch.no_grad():
+            self._run(self._schedules.actions("forward", n, rank=self.rank), io)
         if targets is not None:
             return self._mean_loss(io)
-        output = None
-        if self._holds_last and num_microbatches:
-            output = merge_batches([io.outputs[i] for i in range(num_microbatches)])
-        if broadcast:
-            last = len(self.layout.stage_to_rank) - 1
-            box = [output]
-            src = self.layout.global_rank(pipeline_rank=self.layout.stage_to_rank[last], replica=0)
-            with self.guard():
-                dist.broadcast_object_list(box, src=src)
-            output = box[0]
-        return output
+        with self.guard():
+            return gather_outputs(io.outputs, num_microbatches=n, layout=self.layout,
+                                  holds_last=self._holds_last, broadcast=broadcast)
 
     def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint

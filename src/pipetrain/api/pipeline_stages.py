@@ -42,7 +42,7 @@ def convert_batch_norms(layers: dict[int, nn.Module], config: PipelineConfig) ->
     """
     if not config.deferred_batch_norm:
         return
-    chunks = config.num_microbatches * config.replicas
+    chunks = config.total_microbatches
     for i, layer in layers.items():
         layers[i] = DeferredBatchNorm.convert_deferred_batch_norm(layer, chunks)
 

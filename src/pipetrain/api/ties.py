@@ -70,8 +70,7 @@ def tie_layers(
                 setattr(owner, attr, shared)
         if len(holders) == 1:
             continue  # all copies on one rank: one shared parameter, reduced as usual
-        ranks = sorted(layout.global_rank(pipeline_rank=r, replica=d)
-                       for r in holders for d in range(layout.replicas))
+        ranks = sorted(g for r in holders for g in layout.groups[r])
         group = dist.new_group(ranks)
         if shared is not None:
             first_stage = min(layout.stage_of_layer(i) for i, _ in local)
@@ -87,7 +86,7 @@ def broadcast_initial_weights(
     """Make every replica start from replica 0's weights and every tied copy from the
     first holder's (factories already agree; this guards against ones that do not)."""
     with torch.no_grad():
-        if layout.replicas > 1:
+        if layout.replica_counts[pipeline_rank] > 1:
             src = layout.global_rank(pipeline_rank=pipeline_rank, replica=0)
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor, src=src, group=dp_group)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipetrain.runtime.errors import PeerFailure, PipelineError
-from pipetrain.runtime.transport import Channel, Mailbox
+from pipetrain.runtime.transport import Channel, Mailbox, Placement
 from pipetrain.runtime.wire import KIND_LARGE, pack, pack_large_notice, read_prefix, unpack
 
 __all__ = ["DEFAULT_CAPACITY", "DistTransport"]
@@ -43,24 +43,25 @@ _MAX_PENDING_SENDS = 256
 class DistTransport:
     """Transport between stages in different processes of a torch.distributed job.
 
-    ``stage_to_rank[j]`` is the *global* rank that holds stage ``j`` in this pipeline
-    (with data parallelism each replica's pipeline has its own ranks). ``inbound`` and
-    ``outbound`` list this rank's channels; ``group`` is the process group of the point
+    ``placement`` names the *global* rank that runs each micro-batch of each stage (with
+    replicated stages, a channel's messages come from and go to several ranks, by
+    micro-batch). ``inbound`` and ``outbound`` list this rank's channels; ``group`` is the process group of the point
     to point traffic (a gloo group; default: the world). ``check`` raises when the peer
     monitor found a dead peer; ``explain`` turns a communication error into the error
     the user sees (naming the rank that failed first).
 
     Example (inside an initialized gloo job of two ranks)::
 
-        t = DistTransport(stage_to_rank=[0, 1], inbound=[...], outbound=[...], timeout=60)
-        t.expect(Channel(ACTIVATION, 0, 1), 4)   # four receives coming on this channel
+        t = DistTransport(placement=Placement.single([0, 1]), inbound=[...], outbound=[...],
+                          timeout=60)
+        t.expect(Channel(ACTIVATION, 0, 1), [0, 1, 2, 3])   # four receives coming
         value = t.recv(Channel(ACTIVATION, 0, 1), 0)
     """
 
     def __init__(
         self,
         *,
-        stage_to_rank: Sequence[int],
+        placement: Placement,
         inbound: Iterable[Channel],
         outbound: Iterable[Channel],
         timeout: float,
@@ -69,7 +70,7 @@ class DistTransport:
         explain: Callable[[BaseException, int], PipelineError] | None = None,
         capacity: int = DEFAULT_CAPACITY,
     ) -> None:
-        self.stage_to_rank = tuple(stage_to_rank)
+        self.placement = placement
         self.group = group
         self.timeout = timeout
         self.capacity = capacity
@@ -78,8 +79,10 @@ class DistTransport:
         self._check = check
         self._explain = explain
         self._outbound = set(outbound)
-        self._posted: dict[Channel, collections.deque[tuple[Any, torch.Tensor]]] = {
-            c: collections.deque() for c in inbound
+        self._inbound = set(inbound)
+        # posted receives by (channel, source rank), in the order they were posted
+        self._posted: dict[tuple[Channel, int], collections.deque[tuple[Any, torch.Tensor]]] = {
+            (c, src): collections.deque() for c in self._inbound for src in placement.ranks(c.src_stage)
         }
         self._pending: collections.deque[tuple[Any, torch.Tensor, int]] = collections.deque()
         """Posted sends: (work, buffer kept alive until done, destination rank)."""
@@ -113,25 +116,25 @@ class DistTransport:
             raise self._fail(error, peer) from error
 
     # -- receiving ----------------------------------------------------------------------
-    def expect(self, channel: Channel, count: int) -> None:
-        """Post ``count`` more receives on ``channel`` now (data flows in meanwhile)."""
-        posted = self._posted.get(channel)
-        if posted is None:
+    def expect(self, channel: Channel, microbatches: Sequence[int]) -> None:
+        """Post the receives of ``microbatches`` on ``channel`` now (data flows in
+        meanwhile), each from the rank that runs it on the sending stage."""
+        if channel not in self._inbound:
             raise PipelineError(
-                f"no inbound channel {channel} on this rank (inbound: {sorted(self._posted)})"
+                f"no inbound channel {channel} on this rank (inbound: {sorted(self._inbound)})"
             )
-        src = self.stage_to_rank[channel.src_stage]
-        for _ in range(count):
+        for microbatch in microbatches:
+            src = self.placement.rank(channel.src_stage, microbatch)
             buffer = torch.empty(self.capacity, dtype=torch.uint8)
             work = dist.irecv(buffer, src=src, group=self.group, tag=channel.tag)
-            posted.append((work, buffer))
+            self._posted[(channel, src)].append((work, buffer))
 
     def recv(self, channel: Channel, microbatch: int) -> Any:
         waiting = self.mailbox.take(channel, microbatch)
         if waiting is not Mailbox.EMPTY:
             return waiting
-        posted = self._posted[channel]
-        src = self.stage_to_rank[channel.src_stage]
+        src = self.placement.rank(channel.src_stage, microbatch)
+        posted = self._posted[(channel, src)]
         while posted:
             work, buffer = posted.popleft()
             self._wait(work, src)
@@ -157,7 +160,7 @@ class DistTransport:
             raise self.mailbox.error
         if channel not in self._outbound:
             raise PipelineError(f"no outbound channel {channel} on this rank")
-        dst = self.stage_to_rank[channel.dst_stage]
+        dst = self.placement.rank(channel.dst_stage, microbatch)
         buffer = pack(value, microbatch=microbatch, device=_CPU)
         if buffer.numel() > self.capacity:
             self._post(pack_large_notice(microbatch=microbatch, total=buffer.numel()), dst, channel.tag)

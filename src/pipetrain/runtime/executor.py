@@ -14,18 +14,18 @@ trace, the timeline picture and the measured bubble are made from.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from pipetrain.runtime.stage import StageCompute
-from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Transport, handoff
+from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Placement, Transport, handoff
 from pipetrain.schedule import Action, Op, TimedAction
 
-__all__ = ["RankExecutor", "StepHooks", "StepIO", "describe_value"]
+__all__ = ["Placement", "RankExecutor", "StepHooks", "StepIO", "describe_value"]
 
 
 def describe_value(value: Any) -> str:
@@ -85,6 +85,9 @@ class StepIO:
     backward."""
     checkpoint_start: int = 0
     """See :attr:`checkpoint_stop`."""
+    checkpointed: Collection[int] | None = None
+    """The micro-batches to re-materialize, when not a range (replicated stages: each
+    replica decides for its own micro-batches); overrides the range."""
     key_offset: int = 0
     """Added to micro-batch indices in the stages and on the wire, so that several runs
     whose backward is still pending (several forwards before one ``backward()``) do not
@@ -94,14 +97,15 @@ class StepIO:
 class RankExecutor:
     """Executes the actions of one rank.
 
-    ``stage_to_rank`` is the placement of all stages (by pipeline rank, as in
-    :class:`~pipetrain.schedule.Schedule`); ``stages`` holds this rank's stages.
+    ``placement`` tells which rank runs each micro-batch of each stage (as the
+    :class:`~pipetrain.schedule.Schedule` does: one rank per stage, or replicated stages
+    with micro-batches round-robin); ``stages`` holds this rank's stages.
 
     Example:
         >>> from pipetrain.runtime.threads import ThreadTransport
         >>> from pipetrain.schedule import parse_actions
         >>> stage = StageCompute(torch.nn.Linear(2, 2), stage_index=0, device=torch.device("cpu"))
-        >>> ex = RankExecutor(rank=0, stage_to_rank=(0,), stages={0: stage},
+        >>> ex = RankExecutor(rank=0, placement=Placement.single([0]), stages={0: stage},
         ...                   transport=ThreadTransport(timeout=5))
         >>> io = StepIO(inputs=[torch.ones(1, 2)], output_grads=[[torch.ones(1, 2)]])
         >>> ex.run(parse_actions("0F0 0B0"), io)
@@ -113,14 +117,14 @@ class RankExecutor:
         self,
         *,
         rank: int,
-        stage_to_rank: Sequence[int],
+        placement: Placement,
         stages: Mapping[int, StageCompute],
         transport: Transport,
         hooks: StepHooks | None = None,
     ) -> None:
         self.rank = rank
-        self.stage_to_rank = tuple(stage_to_rank)
-        self.num_stages = len(self.stage_to_rank)
+        self.placement = placement
+        self.num_stages = placement.num_stages
         self.stages = dict(stages)
         self.transport = transport
         self.hooks = hooks
@@ -130,24 +134,27 @@ class RankExecutor:
         self._last_input: Any = None
 
     # -- helpers ----------------------------------------------------------------------
-    def _local(self, stage: int) -> bool:
-        return 0 <= stage < self.num_stages and self.stage_to_rank[stage] == self.rank
+    def _local(self, stage: int, microbatch: int) -> bool:
+        return 0 <= stage < self.num_stages and self.placement.rank(stage, microbatch) == self.rank
 
-    def _announce(self, actions: Sequence[Action]) -> None:
-        counts: Counter[Channel] = Counter()
+    def _announce(self, actions: Sequence[Action], key_offset: int) -> None:
+        expected: dict[Channel, list[int]] = defaultdict(list)
         for a in actions:
+            j, i = a.stage, a.microbatch
+            if i is None:
+                continue
             if a.op is Op.RECV_FORWARD or (not self._explicit and a.op is Op.FORWARD
-                                           and a.stage > 0 and not self._local(a.stage - 1)):
-                counts[Channel(ACTIVATION, a.stage - 1, a.stage)] += 1
+                                           and j > 0 and not self._local(j - 1, i)):
+                expected[Channel(ACTIVATION, j - 1, j)].append(i + key_offset)
             elif a.op is Op.RECV_BACKWARD or (
                 not self._explicit
                 and a.op in (Op.BACKWARD, Op.BACKWARD_INPUT)
-                and a.stage < self.num_stages - 1
-                and not self._local(a.stage + 1)
+                and j < self.num_stages - 1
+                and not self._local(j + 1, i)
             ):
-                counts[Channel(GRADIENT, a.stage + 1, a.stage)] += 1
-        for channel, count in counts.items():
-            self.transport.expect(channel, count)
+                expected[Channel(GRADIENT, j + 1, j)].append(i + key_offset)
+        for channel, microbatches in expected.items():
+            self.transport.expect(channel, microbatches)
 
     def _receive(self, kind: str, stage: int, microbatch: int) -> Any:
         key = (kind, stage, microbatch)
@@ -156,10 +163,11 @@ class RankExecutor:
         src = stage - 1 if kind == ACTIVATION else stage + 1
         return self.transport.recv(Channel(kind, src, stage), microbatch)
 
-    def _deliver(self, kind: str, stage: int, microbatch: int, value: Any) -> None:
-        """Route ``value`` produced by ``stage`` to the neighbour that consumes it."""
+    def _deliver(self, kind: str, stage: int, microbatch: int, value: Any, *, local: bool) -> None:
+        """Route ``value`` produced by ``stage`` to the neighbour that consumes it
+        (``local``: that neighbour runs on this rank)."""
         dst = stage + 1 if kind == ACTIVATION else stage - 1
-        if self._local(dst):
+        if local:
             self._inbox[(kind, dst, microbatch)] = handoff(value)
         elif self._explicit:
             self._outbox[(kind, stage, microbatch)] = value
@@ -178,7 +186,7 @@ class RankExecutor:
         """Run ``actions`` in order. Appends one :class:`TimedAction` per action to
         ``record`` (times in seconds since ``origin``, default: the start of this run)."""
         self._explicit = any(a.op.is_communication for a in actions)
-        self._announce(actions)
+        self._announce(actions, io.key_offset)
         clock = time.perf_counter
         origin = clock() if origin is None else origin
         for action in actions:
@@ -250,8 +258,12 @@ class RankExecutor:
         last = j == self.num_stages - 1
         target = io.targets[i] if last and io.targets is not None else None
         scale = io.loss_scales[i] if last and io.loss_scales is not None else None
+        if io.checkpointed is not None:
+            checkpointed = i in io.checkpointed
+        else:
+            checkpointed = io.checkpoint_start <= i < io.checkpoint_stop
         output, loss = stage.forward(
-            key, message, checkpointed=io.checkpoint_start <= i < io.checkpoint_stop,
+            key, message, checkpointed=checkpointed,
             target=target, loss_scale=scale,
         )
         if last:
@@ -260,7 +272,7 @@ class RankExecutor:
             else:
                 io.outputs[i] = output
         else:
-            self._deliver(ACTIVATION, j, key, output)
+            self._deliver(ACTIVATION, j, key, output, local=self._local(j + 1, i))
 
     def _backward(self, j: int, i: int, io: StepIO, *, split: bool) -> None:
         stage = self.stages[j]
@@ -274,7 +286,7 @@ class RankExecutor:
         if j == 0:
             io.input_grads[i] = input_grads
         else:
-            self._deliver(GRADIENT, j, key, input_grads)
+            self._deliver(GRADIENT, j, key, input_grads, local=self._local(j - 1, i))
 
     def reset(self) -> None:
         """Forget everything in flight (after a failed step)."""

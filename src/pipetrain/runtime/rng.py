@@ -92,9 +92,8 @@ class RandomStreams:
 
     Set :attr:`seed` once per step (e.g. ``mix_seed(config seed, step)``); a stage wraps
     every forward (and recomputation) of micro-batch ``i`` in :meth:`scope`, and calls the
-    hook it yields before each layer. The micro-batch index in the key is
-    ``microbatch_offset + i`` (a data-parallel replica's micro-batches follow those of
-    the replicas before it). Stages must not draw in parallel threads of one process
+    hook it yields before each layer. The micro-batch index in the key is the micro-batch's
+    index in the whole batch (replicas included). Stages must not draw in parallel threads of one process
     (:class:`~pipetrain.api.random_streams.SessionRng` adds the lock for that).
 
     Example:
@@ -109,11 +108,9 @@ class RandomStreams:
         True
     """
 
-    def __init__(self, *, seed: int = 0, microbatch_offset: int = 0) -> None:
+    def __init__(self, *, seed: int = 0) -> None:
         self.seed = seed
         """Seed of the current step (or forward call)."""
-        self.microbatch_offset = microbatch_offset
-        """Added to the micro-batch index in the key."""
 
     def touches_generators(self, stage: int) -> bool:
         """Whether :meth:`scope` seeds (and restores) torch's generators for ``stage``:
@@ -126,5 +123,5 @@ class RandomStreams:
     ) -> Iterator[LayerHook | None]:
         """Run one forward of ``stage`` on micro-batch ``microbatch``; yields the hook to
         call before each layer (``None``: run the stage as it is, unseeded)."""
-        with seeded_layers(self.seed, self.microbatch_offset + microbatch, device) as enter:
+        with seeded_layers(self.seed, microbatch, device) as enter:
             yield enter

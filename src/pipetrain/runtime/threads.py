@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipetrain.runtime.transport import Channel, Mailbox, handoff
@@ -40,7 +40,7 @@ class ThreadTransport:
     def recv(self, channel: Channel, microbatch: int) -> Any:
         return self.mailbox.get(channel, microbatch, timeout=self.timeout, idle=self.idle)
 
-    def expect(self, channel: Channel, count: int) -> None:
+    def expect(self, channel: Channel, microbatches: Sequence[int]) -> None:
         return None
 
     def flush(self) -> None:

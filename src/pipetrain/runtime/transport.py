@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -21,7 +21,7 @@ import torch
 from pipetrain.nested import map_tensors
 from pipetrain.runtime.errors import CommunicationTimeout
 
-__all__ = ["ACTIVATION", "GRADIENT", "Channel", "Mailbox", "Transport", "handoff"]
+__all__ = ["ACTIVATION", "GRADIENT", "Channel", "Mailbox", "Placement", "Transport", "handoff"]
 
 ACTIVATION = "activation"
 GRADIENT = "gradient"
@@ -52,6 +52,43 @@ class Channel(NamedTuple):
         return f"{self.kind}s {self.src_stage}->{self.dst_stage}"
 
 
+class Placement:
+    """Which rank runs micro-batch ``i`` of stage ``j``: ``groups[j][i % len(groups[j])]``
+    (one rank per stage, or round-robin over a replicated stage's ranks, as
+    :meth:`pipetrain.schedule.Schedule.rank_of`).
+
+    Example:
+        >>> p = Placement([(0,), (1, 2)])
+        >>> p.rank(1, 0), p.rank(1, 3), p.ranks(1), p.num_stages
+        (1, 2, (1, 2), 2)
+        >>> Placement.single([0, 1, 0]).rank(2, 5)
+        0
+    """
+
+    def __init__(self, groups: Sequence[Sequence[int]]) -> None:
+        self.groups = tuple(tuple(group) for group in groups)
+        if not self.groups or any(not group for group in self.groups):
+            raise ValueError(f"a placement needs at least one rank per stage, got {self.groups}")
+
+    @staticmethod
+    def single(stage_to_rank: Sequence[int]) -> Placement:
+        """One rank per stage."""
+        return Placement([(r,) for r in stage_to_rank])
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.groups)
+
+    def rank(self, stage: int, microbatch: int) -> int:
+        """The rank that runs ``microbatch`` of ``stage``."""
+        group = self.groups[stage]
+        return group[microbatch % len(group)]
+
+    def ranks(self, stage: int) -> tuple[int, ...]:
+        """Every rank holding ``stage``."""
+        return self.groups[stage]
+
+
 def _cut(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().requires_grad_(tensor.requires_grad)
 
@@ -79,8 +116,9 @@ class Transport(Protocol):
     def recv(self, channel: Channel, microbatch: int) -> Any:
         """The value sent for ``microbatch`` on ``channel``; blocks (with a timeout)."""
 
-    def expect(self, channel: Channel, count: int) -> None:
-        """Announce ``count`` more receives on ``channel`` (lets a transport post them early)."""
+    def expect(self, channel: Channel, microbatches: Sequence[int]) -> None:
+        """Announce the receives of ``microbatches`` on ``channel``, in the order they will be
+        asked for (lets a transport post them early)."""
 
     def flush(self) -> None:
         """Wait until every send posted so far has left this rank."""

@@ -79,6 +79,15 @@ def get_generator(name: str) -> Callable[..., Schedule]:
     return _GENERATORS[canonical_name(name)]
 
 
+def _generate(key: str, num_ranks: int, num_microbatches: int, stages_per_rank: int) -> Schedule:
+    """The compute-only schedule of a canonical name."""
+    if key == "interleaved-1f1b":
+        return interleaved_1f1b(num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
+    if key == "forward":
+        return forward_only(num_ranks * stages_per_rank, num_microbatches, stages_per_rank=stages_per_rank)
+    return _GENERATORS[key](num_ranks, num_microbatches)
+
+
 def build_schedule(
     name: str,
     *,
@@ -96,10 +105,10 @@ def build_schedule(
     ``forward``. ``communication`` adds the sends and receives, ``optimizer_step`` the
     ``STEP`` s, ``reduce`` (with ``optimizer_step``) the gradient ``REDUCE`` s.
     ``replicas[p]`` gives pipeline rank ``p`` that many data-parallel replicas (see
-    :mod:`pipetrain.schedule.replicated`): the schedule then has ``sum(replicas)`` ranks
-    and ``num_microbatches * replicas[0]`` micro-batches (``num_microbatches`` per
-    replica of the first stage). The same count for every rank works with every
-    schedule; different counts with ``gpipe``, ``1f1b`` and ``forward``.
+    :mod:`pipetrain.schedule.replicated`): the schedule then has ``sum(replicas)`` ranks,
+    and ``num_microbatches`` counts the micro-batches of all replicas together, dealt
+    round-robin. The same count for every rank works with every schedule; different
+    counts with ``gpipe``, ``1f1b`` and ``forward``.
 
     Example:
         >>> s = build_schedule("1f1b", num_ranks=2, num_microbatches=2, optimizer_step=True)
@@ -145,17 +154,13 @@ def build_schedule(
                 f"replica counts {list(replicas)} differ between ranks: that needs one stage "
                 f"per rank, got stages_per_rank={stages_per_rank}"
             )
-        schedule = replicated_pipeline(key, replicas, num_microbatches * replicas[0])
-    elif key == "interleaved-1f1b":
-        schedule = interleaved_1f1b(num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
-    elif key == "forward":
-        schedule = forward_only(
-            num_ranks * stages_per_rank, num_microbatches, stages_per_rank=stages_per_rank
+        schedule = replicated_pipeline(key, replicas, num_microbatches)
+    elif replicas is not None and replicas[0] > 1:
+        schedule = uniform_replicas(
+            lambda n: _generate(key, num_ranks, n, stages_per_rank), num_microbatches, replicas[0]
         )
     else:
-        schedule = _GENERATORS[key](num_ranks, num_microbatches)
-    if replicas is not None and not uneven and replicas[0] > 1:
-        schedule = uniform_replicas(schedule, replicas[0])
+        schedule = _generate(key, num_ranks, num_microbatches, stages_per_rank)
     if communication:
         schedule = add_communication(schedule)
     if optimizer_step:

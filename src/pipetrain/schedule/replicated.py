@@ -11,7 +11,7 @@ PipeDream's plans give each stage its own number of workers (VGG-16 as "15-1"): 
   ``K - j - 1``), then alternates one forward and one backward.
 - :func:`uniform_replicas` turns any one-replica schedule (interleaved and zero-bubble
   included) into ``D`` copies of it, one per replica, micro-batch ``i`` of copy ``d``
-  becoming global micro-batch ``i * D + d``.
+  becoming global micro-batch ``i * D + d`` (the same round-robin).
 
 With ``r_j = D`` for every stage both give the same schedule.
 """
@@ -19,7 +19,7 @@ With ``r_j = D`` for every stage both give the same schedule.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipetrain.schedule._args import check_counts
 from pipetrain.schedule.actions import Action, Op
@@ -45,13 +45,13 @@ def replica_ranks(replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     return tuple(groups)
 
 
-def _check(replicas: Sequence[int], num_microbatches: int, context: str) -> None:
+def _check(replicas: Sequence[int], num_microbatches: int, context: str, *, training: bool) -> None:
     if not replicas:
         raise ValueError(f"{context}: replicas must list one count per stage, got none")
     counts = {f"replicas[{j}]": (r, 1) for j, r in enumerate(replicas)}
     check_counts({**counts, "num_microbatches": (num_microbatches, 1)}, context=context)
     short = [j for j, r in enumerate(replicas) if r > num_microbatches]
-    if short:
+    if short and training:
         raise ValueError(
             f"{context}: stage(s) {short} have more replicas than the {num_microbatches} "
             f"micro-batches of a step (a replica would get none); fix: num_microbatches >= "
@@ -86,8 +86,8 @@ def replicated_pipeline(name: str, replicas: Sequence[int], num_microbatches: in
         rank 2: .   1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3
 
     Raises:
-        ValueError: an unknown schedule, a count below 1, or a stage with more replicas
-            than micro-batches.
+        ValueError: an unknown schedule, a count below 1, or (training) a stage with more
+            replicas than micro-batches: a replica would have no gradient to reduce.
     """
     if name not in REPLICATED_SCHEDULES:
         raise ValueError(
@@ -95,7 +95,8 @@ def replicated_pipeline(name: str, replicas: Sequence[int], num_microbatches: in
             f"choose one of {', '.join(REPLICATED_SCHEDULES)} (or give every stage the same "
             f"number of replicas)"
         )
-    _check(replicas, num_microbatches, f"{name} with replicas {list(replicas)}")
+    _check(replicas, num_microbatches, f"{name} with replicas {list(replicas)}",
+           training=name != "forward")
     groups = replica_ranks(replicas)
     actions: list[tuple[Action, ...]] = []
     for j, group in enumerate(groups):
@@ -113,15 +114,20 @@ def replicated_pipeline(name: str, replicas: Sequence[int], num_microbatches: in
     )
 
 
-def uniform_replicas(schedule: Schedule, num_replicas: int) -> Schedule:
-    """``num_replicas`` copies of a one-replica ``schedule``, one per data-parallel replica.
+def uniform_replicas(
+    build: Callable[[int], Schedule], num_microbatches: int, num_replicas: int
+) -> Schedule:
+    """``num_replicas`` copies of a one-replica schedule, one per data-parallel replica.
 
-    Rank ``p * D + d`` runs rank ``p``'s actions of ``schedule`` for replica ``d``, with
-    micro-batch ``i`` renamed ``i * D + d``; the result has ``M * D`` micro-batches.
+    Replica ``d`` runs micro-batches ``d, d + D, d + 2D, ...`` of the ``num_microbatches``:
+    ``build(n)`` makes the one-replica schedule of its ``n`` micro-batches, and rank
+    ``p * D + d`` runs rank ``p``'s actions of it, micro-batch ``i`` renamed ``i * D + d``.
+    A replica left without a micro-batch (a small evaluation batch) runs nothing; in a
+    training schedule every replica needs one.
 
     Example:
         >>> from pipetrain.schedule.gpipe import gpipe
-        >>> s = uniform_replicas(gpipe(2, 2), 2)
+        >>> s = uniform_replicas(lambda n: gpipe(2, n), 4, 2)
         >>> print(s)
         rank 0: 0F0 0F2 0B0 0B2
         rank 1: 0F1 0F3 0B1 0B3
@@ -130,23 +136,34 @@ def uniform_replicas(schedule: Schedule, num_replicas: int) -> Schedule:
         >>> s.rank_of(1, 3)
         3
     """
-    check_counts({"num_replicas": (num_replicas, 1)}, context="uniform_replicas")
-    if schedule.replicas:
-        raise ValueError(f"schedule {schedule.name!r} is replicated already")
-    if num_replicas == 1:
-        return schedule
+    check_counts({"num_replicas": (num_replicas, 1), "num_microbatches": (num_microbatches, 1)},
+                 context="uniform_replicas")
     d_count = num_replicas
-    actions = []
-    for acts in schedule.actions:
-        for d in range(d_count):
+    copies = [build(len(range(d, num_microbatches, d_count))) if d < num_microbatches else None
+              for d in range(d_count)]
+    first = copies[0]
+    assert first is not None
+    if first.replicas:
+        raise ValueError(f"schedule {first.name!r} is replicated already")
+    if d_count == 1:
+        return first
+    if num_microbatches < d_count and first.is_training:
+        raise ValueError(
+            f"{num_microbatches} micro-batches cannot train {d_count} replicas (replica "
+            f"{num_microbatches} would get none); fix: at least {d_count} micro-batches"
+        )
+    actions: list[tuple[Action, ...]] = []
+    for p in range(first.num_ranks):
+        for d, copy in enumerate(copies):
+            acts = () if copy is None else copy.actions[p]
             actions.append(tuple(
                 a if a.microbatch is None else Action(a.stage, a.op, a.microbatch * d_count + d, a.version)
                 for a in acts
             ))
-    groups = tuple(tuple(r * d_count + d for d in range(d_count)) for r in schedule.stage_to_rank)
+    groups = tuple(tuple(r * d_count + d for d in range(d_count)) for r in first.stage_to_rank)
     return Schedule(
-        name=schedule.name,
-        num_microbatches=schedule.num_microbatches * d_count,
+        name=first.name,
+        num_microbatches=num_microbatches,
         stage_to_rank=tuple(group[0] for group in groups),
         actions=tuple(actions),
         replicas=groups,

@@ -1,0 +1,68 @@
+"""The schedules a multi-process pipeline runs, one per micro-batch count, and what each
+rank's part of them re-materializes.
+
+A step of ``n`` micro-batches (all replicas together, dealt round-robin over each
+stage's replicas) runs the validated schedule of the pipeline's layout for ``n``; rank
+``r`` runs its action list. Schedules are built once per count and kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipetrain.api.config import PipelineConfig
+from pipetrain.api.layout import Layout
+from pipetrain.schedule import Action, Op, Schedule, build_schedule
+
+__all__ = ["StepSchedules"]
+
+
+@dataclass
+class StepSchedules:
+    """The schedules of one pipeline, by name and micro-batch count.
+
+    Example:
+        >>> from pipetrain.api.config import PipelineConfig
+        >>> config = PipelineConfig(num_stages=2, stage_replicas=(2, 1), num_microbatches=2)
+        >>> schedules = StepSchedules(config, Layout.create(config, num_layers=2))
+        >>> [str(a) for a in schedules.actions("1f1b", 4, rank=1) if a.op.is_compute]
+        ['0F1', '0F3', '0B1', '0B3']
+        >>> sorted(schedules.checkpointed("except_last", "1f1b", 4, rank=1))
+        [1]
+    """
+
+    config: PipelineConfig
+    layout: Layout
+    _built: dict[tuple[str, int], Schedule] = field(default_factory=dict, repr=False)
+
+    def get(self, name: str, num_microbatches: int) -> Schedule:
+        """The validated schedule of ``num_microbatches`` micro-batches (all replicas)."""
+        key = (name, num_microbatches)
+        if key not in self._built:
+            training = name != "forward"
+            counts = self.layout.replica_counts
+            self._built[key] = build_schedule(
+                name,
+                num_ranks=self.config.num_stages,
+                num_microbatches=num_microbatches,
+                stages_per_rank=self.config.stages_per_rank,
+                optimizer_step=training,
+                reduce=training,
+                replicas=counts if max(counts) > 1 else None,
+            )
+        return self._built[key]
+
+    def actions(self, name: str, num_microbatches: int, *, rank: int) -> tuple[Action, ...]:
+        """What global rank ``rank`` runs in that schedule."""
+        return self.get(name, num_microbatches).actions[rank]
+
+    def checkpointed(self, mode: str, name: str, num_microbatches: int, *, rank: int) -> frozenset[int]:
+        """The micro-batches rank ``rank`` re-materializes: all of its own (``always``), all
+        but its last (``except_last``: the last one's backward comes first), or none."""
+        if mode == "never":
+            return frozenset()
+        mine = sorted({a.microbatch for a in self.actions(name, num_microbatches, rank=rank)
+                       if a.op is Op.FORWARD and a.microbatch is not None})
+        if mode == "except_last":
+            mine = mine[:-1]
+        return frozenset(mine)
