@@ -1,0 +1,222 @@
+"""Measuring one layer: timed passes (forward, backward, its two halves) and the bytes it keeps.
+
+These are the profiler's primitives (see :mod:`pipetrain.plan.profiler` for what each
+measured field counts). A *pass* runs a layer on a fresh copy of its input, whose
+tensors that need a gradient are new leaves (cloned once more, so that a layer working
+in place does not write to a leaf); the backward passes are the runtime's own
+(:mod:`pipetrain.runtime.split_backward`, imported so that the halves measured are the
+halves that run), with a gradient of ones for every output that needs one, or from the
+scalar ``loss_fn(output, target)`` for the last layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.runtime.split_backward import backward_input, fused_backward
+
+__all__ = ["LossFn", "Pass", "Timings", "median_time", "storage_bytes", "storage_key", "time_layer"]
+
+LossFn = Callable[[Any, Any], Tensor]
+"""``loss_fn(output, target) -> scalar``, as the last pipeline stage computes it."""
+
+
+def storage_key(tensor: Tensor) -> tuple[str, int]:
+    """Identifies the memory that keeping ``tensor`` alive keeps alive: (device, address).
+
+    Views of one tensor share their key.
+
+    Example:
+        >>> x = torch.zeros(4, 4)
+        >>> storage_key(x[1]) == storage_key(x.t())
+        True
+    """
+    try:
+        return str(tensor.device), tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+        return "id", id(tensor)
+
+
+def storage_bytes(
+    tensors: Iterable[Tensor], *, exclude: AbstractSet[tuple[str, int]] = frozenset()
+) -> int:
+    """Bytes of the distinct storages under ``tensors`` (each counted once), except ``exclude``.
+
+    Example:
+        >>> x = torch.zeros(4, 4)
+        >>> storage_bytes([x, x[0], x.t()]), storage_bytes([x], exclude={storage_key(x)})
+        (64, 0)
+    """
+    sizes: dict[tuple[str, int], int] = {}
+    for tensor in tensors:
+        key = storage_key(tensor)
+        if key in exclude or key in sizes:
+            continue
+        try:
+            sizes[key] = tensor.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            sizes[key] = tensor.numel() * tensor.element_size()
+    return sum(sizes.values())
+
+
+@dataclass
+class Pass:
+    """One forward of a layer on a fresh copy of its input; ready for one backward."""
+
+    leaves: list[Tensor]
+    """The copies of the input's tensors that need a gradient (the backward's inputs)."""
+    value: Any
+    """The input as the layer receives it."""
+    output: Any = None
+    roots: list[Tensor] = field(default_factory=list)
+    """What the backward starts from: the loss, or the outputs that need a gradient."""
+    grads: list[Tensor | None] = field(default_factory=list)
+
+    @staticmethod
+    def prepare(value: Any, device: torch.device) -> Pass:
+        """A copy of ``value`` on ``device``, cut from any graph, needing grad where it did.
+
+        Example:
+            >>> p = Pass.prepare((torch.ones(2, requires_grad=True), 3), torch.device("cpu"))
+            >>> len(p.leaves), p.value[0].is_leaf, p.value[1]
+            (1, False, 3)
+        """
+        leaves: list[Tensor] = []
+
+        def fresh(tensor: Tensor) -> Tensor:
+            copy = tensor.detach().to(device, copy=True)
+            if not tensor.requires_grad:
+                return copy
+            leaves.append(copy.requires_grad_())
+            return copy.clone()
+
+        return Pass(leaves, map_tensors(fresh, value))
+
+    def forward(self, layer: nn.Module, loss_fn: LossFn | None, target: Any) -> None:
+        """Run ``layer`` (and ``loss_fn`` when given) and set what the backward starts from."""
+        self.output = layer(self.value)
+        self.start_backward(loss_fn, target)
+
+    def start_backward(self, loss_fn: LossFn | None, target: Any) -> None:
+        """Set the backward's roots: ``loss_fn(output, target)``, else every output that
+        needs a gradient (with a gradient of ones)."""
+        if loss_fn is not None:
+            loss = loss_fn(self.output, target)
+            if not isinstance(loss, Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+                raise ValueError(
+                    f"loss_fn must return a scalar tensor, got {shape}; fix: reduce it, "
+                    "e.g. loss_fn=lambda out, y: F.cross_entropy(out, y) (mean)"
+                )
+            self.roots = [loss] if loss.requires_grad else []
+            self.grads = [None] * len(self.roots)
+        else:
+            self.roots = [t for t in iter_tensors(self.output) if t.requires_grad]
+            self.grads = [torch.ones_like(t) for t in self.roots]
+
+    def backward(self, params: list[nn.Parameter]) -> None:
+        """The whole backward, as the runtime runs it (gradients accumulate in ``.grad``)."""
+        if self.roots:
+            fused_backward(self.roots, self.grads, self.leaves, params)
+
+    def detached_output(self) -> Any:
+        """The output cut from the graph (what the next layer is fed)."""
+        return map_tensors(lambda t: t.detach().requires_grad_(t.requires_grad), self.output)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _timed(samples: list[float], keep: bool, device: torch.device) -> Iterator[None]:
+    """Append the seconds the block takes to ``samples`` if ``keep``."""
+    _synchronize(device)
+    start = time.perf_counter()
+    yield
+    _synchronize(device)
+    if keep:
+        samples.append(time.perf_counter() - start)
+
+
+@dataclass
+class Timings:
+    """Seconds of each repetition of each pass (medians by :func:`median_time`)."""
+
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    backward_input: list[float] = field(default_factory=list)
+    backward_weight: list[float] = field(default_factory=list)
+
+
+def median_time(values: list[float], *, digits: int) -> float:
+    """The median of ``values`` rounded to ``digits`` significant digits (0 when empty).
+
+    Example:
+        >>> median_time([0.0012345, 0.0011, 0.0099], digits=3)
+        0.00123
+    """
+    if not values:
+        return 0.0
+    return float(f"{statistics.median(values):.{digits}g}")
+
+
+def time_layer(
+    layer: nn.Module,
+    value: Any,
+    *,
+    device: torch.device,
+    warmup: int,
+    repetitions: int,
+    loss_fn: LossFn | None = None,
+    target: Any = None,
+) -> tuple[Timings, Any]:
+    """Time ``warmup + repetitions`` rounds on ``value``; keep the last ``repetitions``.
+
+    A round is a forward and a whole backward (:func:`fused_backward`) and, when the
+    layer has trainable parameters, a second forward and the split backward
+    (:func:`backward_input`, then its weight pass); both forwards are timed. On CUDA the
+    device is synchronized at the start and end of every timed region. Returns the
+    timings and the last forward's output, detached. Gradients accumulate in the
+    layer's ``.grad`` as over the micro-batches of a step.
+
+    Example:
+        >>> timings, out = time_layer(nn.Linear(4, 4), torch.ones(2, 4),
+        ...                           device=torch.device("cpu"), warmup=1, repetitions=3)
+        >>> len(timings.forward), len(timings.backward_weight), out.shape
+        (6, 3, torch.Size([2, 4]))
+    """
+    params = [p for p in layer.parameters() if p.requires_grad]
+    timings = Timings()
+    output: Any = None
+    for round_index in range(warmup + repetitions):
+        keep = round_index >= warmup
+        whole = Pass.prepare(value, device)
+        with _timed(timings.forward, keep, device):
+            whole.forward(layer, loss_fn, target)
+        with _timed(timings.backward, keep, device):
+            whole.backward(params)
+        output = whole.detached_output()
+        del whole
+        if not params:
+            continue
+        split = Pass.prepare(value, device)
+        with _timed(timings.forward, keep, device):
+            split.forward(layer, loss_fn, target)
+        with _timed(timings.backward_input, keep, device):
+            _, weight = backward_input(split.roots, split.grads, split.leaves, params)
+        with _timed(timings.backward_weight, keep, device):
+            weight.run()
+        del split, weight
+    return timings, output
