@@ -12,12 +12,13 @@ scalar ``loss_fn(output, target)`` for the last layer.
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,16 @@ from torch import Tensor, nn
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.runtime.split_backward import backward_input, fused_backward
 
-__all__ = ["LossFn", "Pass", "Timings", "median_time", "storage_bytes", "storage_key", "time_layer"]
+__all__ = [
+    "LossFn",
+    "Pass",
+    "Sample",
+    "Timings",
+    "median_time",
+    "storage_bytes",
+    "storage_key",
+    "time_layer",
+]
 
 LossFn = Callable[[Any, Any], Tensor]
 """``loss_fn(output, target) -> scalar``, as the last pipeline stage computes it."""
@@ -139,37 +149,60 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Sample(NamedTuple):
+    """One timed region: wall-clock seconds, and the process's CPU seconds meanwhile
+    (None on CUDA, where the CPU waits for the device)."""
+
+    wall: float
+    cpu: float | None = None
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the process lost the CPU for over a quarter of the region."""
+        return self.cpu is not None and self.cpu < 0.75 * self.wall
+
+
 @contextlib.contextmanager
-def _timed(samples: list[float], keep: bool, device: torch.device) -> Iterator[None]:
-    """Append the seconds the block takes to ``samples`` if ``keep``."""
+def _timed(samples: list[Sample], keep: bool, device: torch.device) -> Iterator[None]:
+    """Append the time the block takes to ``samples`` if ``keep``."""
     _synchronize(device)
+    cpu = time.process_time()
     start = time.perf_counter()
     yield
     _synchronize(device)
+    wall = time.perf_counter() - start
     if keep:
-        samples.append(time.perf_counter() - start)
+        on_cpu = device.type == "cpu"
+        samples.append(Sample(wall, time.process_time() - cpu if on_cpu else None))
 
 
 @dataclass
 class Timings:
-    """Seconds of each repetition of each pass (medians by :func:`median_time`)."""
+    """Each repetition of each pass (summed up by :func:`median_time`)."""
 
-    forward: list[float] = field(default_factory=list)
-    backward: list[float] = field(default_factory=list)
-    backward_input: list[float] = field(default_factory=list)
-    backward_weight: list[float] = field(default_factory=list)
+    forward: list[Sample] = field(default_factory=list)
+    backward: list[Sample] = field(default_factory=list)
+    backward_input: list[Sample] = field(default_factory=list)
+    backward_weight: list[Sample] = field(default_factory=list)
 
 
-def median_time(values: list[float], *, digits: int) -> float:
-    """The median of ``values`` rounded to ``digits`` significant digits (0 when empty).
+def median_time(samples: list[Sample], *, digits: int) -> float:
+    """The median wall time of the samples that kept the CPU (of all, if none did),
+    rounded to ``digits`` significant digits; 0 without samples.
+
+    On a shared CPU, another process preempting this one inflates some repetitions
+    many times over, and often more than half of one pass's repetitions (the time
+    slices fall on the same phase of every round), which a plain median does not survive.
 
     Example:
-        >>> median_time([0.0012345, 0.0011, 0.0099], digits=3)
-        0.00123
+        >>> median_time([Sample(0.0012345, 0.0012), Sample(0.0011, 0.0011),
+        ...              Sample(0.0099, 0.0013), Sample(0.0098, 0.0012)], digits=3)
+        0.00117
     """
-    if not values:
+    if not samples:
         return 0.0
-    return float(f"{statistics.median(values):.{digits}g}")
+    kept = [s.wall for s in samples if not s.preempted] or [s.wall for s in samples]
+    return float(f"{statistics.median(kept):.{digits}g}")
 
 
 def time_layer(
@@ -187,7 +220,8 @@ def time_layer(
     A round is a forward and a whole backward (:func:`fused_backward`) and, when the
     layer has trainable parameters, a second forward and the split backward
     (:func:`backward_input`, then its weight pass); both forwards are timed. On CUDA the
-    device is synchronized at the start and end of every timed region. Returns the
+    device is synchronized at the start and end of every timed region; Python's garbage
+    collector is paused meanwhile (a collection takes milliseconds), as :mod:`timeit` does. Returns the
     timings and the last forward's output, detached. Gradients accumulate in the
     layer's ``.grad`` as over the micro-batches of a step.
 
@@ -199,6 +233,20 @@ def time_layer(
     """
     params = [p for p in layer.parameters() if p.requires_grad]
     timings = Timings()
+    collecting = gc.isenabled()
+    gc.disable()  # a collection takes milliseconds: pause it while timing, as timeit does
+    try:
+        output = _rounds(layer, value, params, timings, device=device, warmup=warmup,
+                         repetitions=repetitions, loss_fn=loss_fn, target=target)
+    finally:
+        if collecting:
+            gc.enable()
+    return timings, output
+
+
+def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: Timings, *,
+            device: torch.device, warmup: int, repetitions: int, loss_fn: LossFn | None,
+            target: Any) -> Any:
     output: Any = None
     for round_index in range(warmup + repetitions):
         keep = round_index >= warmup
@@ -219,4 +267,4 @@ def time_layer(
         with _timed(timings.backward_weight, keep, device):
             weight.run()
         del split, weight
-    return timings, output
+    return output

@@ -45,10 +45,13 @@ Sizes are for ``batch_size`` samples; ``microbatch_size``, when given, adds the 
 batches use the device less efficiently than a linear scaling suggests).
 
 Noise: every time is the median of ``repetitions`` timed rounds after ``warmup``
-untimed ones (a layer with parameters times two forwards per round), synchronizing a
-CUDA device around every timed region, then rounded to 3 significant digits, so that
-identical layers get identical times and the planner's tie-breaking, not noise, picks
-among equal cuts. The caller's random state is left untouched.
+untimed ones (a layer with parameters times two forwards per round), with Python's
+garbage collector paused while a layer is timed and a CUDA device synchronized around
+every timed region. On the CPU, a repetition during which the process lost the CPU for
+over a quarter of it (another process ran: its CPU time falls short of its wall time)
+is left out of the median, unless all were. The medians are rounded to 3 significant
+digits, so that identical layers get identical times and the planner's tie-breaking,
+not noise, picks among equal cuts. The caller's random state is left untouched.
 
 Example:
     The default GPT of ``pipetrain train``, with its loss (how ``--balance auto`` calls it):
@@ -249,10 +252,11 @@ def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
         try:
             run.output = layer(run.value)
         except Exception as error:
+            fix = ("pass a sample that layer 0 accepts, with the batch in dim 0" if index == 0
+                   else f"make layer {index - 1}'s output what layer {index} takes")
             raise ValueError(
                 f"layer {index} ({name}) failed on its input {_describe(run.value)}: "
-                f"{type(error).__name__}: {error}; fix: pass a sample that the first layer "
-                "accepts, with the batch in dim 0"
+                f"{type(error).__name__}: {error}; fix: {fix}"
             ) from error
         try:
             run.start_backward(loss_fn, settings.targets[0])
