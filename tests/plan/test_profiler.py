@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipetrain
+import pipetrain.plan
 import pipetrain.plan.measure
+import pipetrain.plan.memory
 import pipetrain.plan.profiler
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
 from pipetrain.partition import solve
@@ -58,6 +60,14 @@ def test_bytes_are_exact_for_linear_and_relu() -> None:
     assert [layer.description for layer in profile.layers][:2] == [
         "Linear(in_features=8, out_features=16, bias=True)", "ReLU"]
     assert (profile.batch_size, profile.optimizer, profile.dtype) == (5, "adam", "float32")
+
+
+def test_saved_bytes_of_an_in_place_layer() -> None:
+    # ReLU(inplace=True) writes to its input (the Linear's output, which the Linear does
+    # not keep) and saves it: counted once, by the ReLU; the next Linear then counts 0.
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    profile = quick(model, torch.randn(3, 4, requires_grad=True))
+    assert [layer.saved_bytes for layer in profile.layers] == [3 * 4 * F32, 3 * 8 * F32, 0]
 
 
 @pytest.mark.parametrize(
@@ -258,6 +268,28 @@ def test_bad_layers_and_loss() -> None:
               target=torch.randn(4, 2))
 
 
+def test_a_layer_that_fails_on_a_micro_batch_is_named() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))  # needs 2 rows in training
+    with pytest.raises(ValueError, match=r"layer 1 \(BatchNorm1d.*micro-batch Tensor\(float32, "
+                                         r"\(1, 4\)\).*a larger microbatch_size"):
+        quick(model, torch.randn(4, 4), microbatch_size=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda() -> None:
+    profile = profile_model(nn.Sequential(nn.Linear(256, 256), nn.ReLU()), torch.randn(32, 256),
+                            device="cuda", optimizer="adam", microbatch_size=8)
+    assert profile.device.startswith("cuda") and "device_name" in profile.metadata
+    linear, relu = profile.layers
+    assert linear.optimizer_bytes == 2 * linear.parameter_bytes == 2 * (256 * 257) * F32
+    assert relu.saved_bytes == relu.output_bytes == 32 * 256 * F32
+    assert linear.forward_s > 0 and linear.backward_weight_s is not None
+
+
+def test_the_plan_package_names_the_profiler() -> None:
+    assert pipetrain.plan.profile_model is profile_model
+
+
 def test_importing_the_plan_package_does_not_import_torch() -> None:
     source = Path(pipetrain.__file__).resolve().parents[1]
     program = "import sys, pipetrain.plan; print('torch' in sys.modules)"
@@ -268,7 +300,8 @@ def test_importing_the_plan_package_does_not_import_torch() -> None:
     assert completed.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("module", [pipetrain.plan.measure, pipetrain.plan.profiler])
+@pytest.mark.parametrize(
+    "module", [pipetrain.plan.measure, pipetrain.plan.memory, pipetrain.plan.profiler])
 def test_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0

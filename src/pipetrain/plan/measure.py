@@ -1,7 +1,7 @@
-"""Measuring one layer: timed passes (forward, backward, its two halves) and the bytes it keeps.
+"""Timing one layer: forward, backward and the backward's two halves, repeated; medians.
 
-These are the profiler's primitives (see :mod:`pipetrain.plan.profiler` for what each
-measured field counts). A *pass* runs a layer on a fresh copy of its input, whose
+These are the profiler's timing primitives (see :mod:`pipetrain.plan.profiler` for what
+each measured field counts). A *pass* runs a layer on a fresh copy of its input, whose
 tensors that need a gradient are new leaves (cloned once more, so that a layer working
 in place does not write to a leaf); the backward passes are the runtime's own
 (:mod:`pipetrain.runtime.split_backward`, imported so that the halves measured are the
@@ -15,8 +15,7 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,51 +31,11 @@ __all__ = [
     "Sample",
     "Timings",
     "median_time",
-    "storage_bytes",
-    "storage_key",
     "time_layer",
 ]
 
 LossFn = Callable[[Any, Any], Tensor]
 """``loss_fn(output, target) -> scalar``, as the last pipeline stage computes it."""
-
-
-def storage_key(tensor: Tensor) -> tuple[str, int]:
-    """Identifies the memory that keeping ``tensor`` alive keeps alive: (device, address).
-
-    Views of one tensor share their key.
-
-    Example:
-        >>> x = torch.zeros(4, 4)
-        >>> storage_key(x[1]) == storage_key(x.t())
-        True
-    """
-    try:
-        return str(tensor.device), tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
-        return "id", id(tensor)
-
-
-def storage_bytes(
-    tensors: Iterable[Tensor], *, exclude: AbstractSet[tuple[str, int]] = frozenset()
-) -> int:
-    """Bytes of the distinct storages under ``tensors`` (each counted once), except ``exclude``.
-
-    Example:
-        >>> x = torch.zeros(4, 4)
-        >>> storage_bytes([x, x[0], x.t()]), storage_bytes([x], exclude={storage_key(x)})
-        (64, 0)
-    """
-    sizes: dict[tuple[str, int], int] = {}
-    for tensor in tensors:
-        key = storage_key(tensor)
-        if key in exclude or key in sizes:
-            continue
-        try:
-            sizes[key] = tensor.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):
-            sizes[key] = tensor.numel() * tensor.element_size()
-    return sum(sizes.values())
 
 
 @dataclass

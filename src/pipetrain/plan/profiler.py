@@ -33,12 +33,12 @@ later input needs one where the previous output did. What each field counts:
     the tensors the forward (and the last layer's ``loss_fn``) saves for the backward,
     seen through :class:`torch.autograd.graph.saved_tensors_hooks`, each storage once,
     leaving out the layer's parameters and buffers and the input tensors that the
-    previous layer already counted (because it saved them as its own output): a
-    ``Linear`` after a ``ReLU`` counts 0 (its input is the ReLU's saved output), after
-    another ``Linear`` the bytes of its input. So the activation memory that a run of
-    consecutive layers keeps per micro-batch is the sum of their ``saved_bytes``, plus the
-    run's input where its first layer saved it. Tied parameters (GPT's embedding and
-    head) count in each layer that holds them, as each stage holds its own copy.
+    previous layer already counted (it saved them as its own output): a ``Linear``
+    after a ``ReLU`` counts 0 (its input is the ReLU's saved output), after another
+    ``Linear`` its input's bytes. So the ``saved_bytes`` of consecutive layers add up to
+    what they keep together, each storage once, but for the run's input where the layer
+    before the run counted it (a stage also holds its input and output in flight).
+    Tied parameters (GPT's embedding and head) count in each layer that holds them.
 
 Sizes are for ``batch_size`` samples; ``microbatch_size``, when given, adds the four
 ``microbatch_*_s`` times measured on its first ``microbatch_size`` samples (small
@@ -54,7 +54,7 @@ digits, so that identical layers get identical times and the planner's tie-break
 not noise, picks among equal cuts. The caller's random state is left untouched.
 
 Example:
-    The default GPT of ``pipetrain train``, with its loss (how ``--balance auto`` calls it):
+    The default GPT of ``pipetrain train`` and its loss, on a batch of the default corpus:
 
     >>> from pipetrain.data import TextDataset, load_corpus
     >>> from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
@@ -79,36 +79,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from pipetrain.microbatch import batch_size as rows_of
 from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.plan.measure import (
-    LossFn,
-    Pass,
-    Timings,
-    median_time,
+from pipetrain.plan.measure import LossFn, Pass, Timings, median_time, time_layer
+from pipetrain.plan.memory import (
+    OPTIMIZERS,
+    OptimizerFactory,
+    SavedTensors,
+    optimizer_state_bytes,
     storage_bytes,
     storage_key,
-    time_layer,
 )
 from pipetrain.plan.profile import LayerProfile, Profile
 
-__all__ = ["OPTIMIZERS", "TIME_DIGITS", "LayerSource", "OptimizerFactory", "profile_model"]
+__all__ = ["TIME_DIGITS", "LayerSource", "profile_model"]
 
 _logger = logging.getLogger(__name__)
 
 LayerSource = nn.Module | Callable[[], nn.Module]
 """A layer, or a factory that builds one (``pipetrain.models.gpt_layer_factories``)."""
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-"""Builds an optimizer over the given parameters."""
-
-OPTIMIZERS: dict[str, OptimizerFactory] = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
-    "adam": lambda params: torch.optim.Adam(params),
-    "adamw": lambda params: torch.optim.AdamW(params),
-}
-"""The optimizers known by name."""
 TIME_DIGITS = 3
 """Significant digits kept of every measured time."""
 
@@ -125,18 +116,18 @@ class _Settings:
     """The target at the batch size and at the micro-batch size."""
 
 
-class _Shape:
-    """Shows a tensor as its dtype and shape in error messages."""
-
-    def __init__(self, tensor: Tensor) -> None:
-        self.text = f"Tensor({str(tensor.dtype).removeprefix('torch.')}, {tuple(tensor.shape)})"
+class _Shown(str):
+    """Text that shows as itself inside a container's repr."""
 
     def __repr__(self) -> str:
-        return self.text
+        return str(self)
 
 
 def _describe(value: Any, limit: int = 200) -> str:
-    text = repr(map_tensors(_Shape, value))
+    """``value`` with its tensors shown as ``Tensor(dtype, shape)``, for error messages."""
+    text = repr(map_tensors(
+        lambda t: _Shown(f"Tensor({str(t.dtype).removeprefix('torch.')}, {tuple(t.shape)})"),
+        value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -145,15 +136,12 @@ def _first_rows(value: Any, rows: int) -> Any:
 
 
 def _sources(layers: nn.Sequential | Iterable[LayerSource]) -> list[LayerSource]:
-    if isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList)):
+    one = isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList))
+    if one or isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
         raise TypeError(
-            f"layers must be a sequence of layers, got one {type(layers).__name__}; fix: "
-            "profile_model(nn.Sequential(...), sample) or a list of modules or factories"
-        )
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
-        raise TypeError(
-            f"layers must be an nn.Sequential, a list of modules or a list of layer "
-            f"factories, got {type(layers).__name__}"
+            f"layers must be an nn.Sequential or a list of modules or of layer factories, "
+            f"got {'one ' if one else ''}{type(layers).__name__}; fix: "
+            "profile_model(nn.Sequential(...), sample)"
         )
     items = list(layers)
     if not items:
@@ -242,13 +230,7 @@ def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
     counted_inputs = {storage_key(t) for t, counted in zip(iter_tensors(run.value), input_counted)
                       if counted}
     exclude = counted_inputs | {storage_key(t) for t in (*layer.parameters(), *layer.buffers())}
-    saved: list[Tensor] = []
-
-    def pack(tensor: Tensor) -> Tensor:
-        saved.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensors() as saved:
         try:
             run.output = layer(run.value)
         except Exception as error:
@@ -266,29 +248,18 @@ def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
                 f"{_describe(run.output)}, and the target {_describe(settings.targets[0])}: "
                 f"{type(error).__name__}: {error}"
             ) from error
-    held = ({storage_key(t) for t in saved} - exclude) | counted_inputs
+    held = ({storage_key(t) for t in saved.tensors} - exclude) | counted_inputs
     floating = [p.dtype for p in layer.parameters() if p.is_floating_point()]
     memory = _Memory(
         output_bytes=sum(t.numel() * t.element_size() for t in iter_tensors(run.output)),
-        saved_bytes=storage_bytes(saved, exclude=exclude),
+        saved_bytes=storage_bytes(saved.tensors, exclude=exclude),
         output_counted=[storage_key(t) in held for t in iter_tensors(run.output)],
         output=run.detached_output(),
         dtype=floating[0] if floating else None,
     )
-    saved.clear()
+    saved.tensors.clear()
     run.backward([p for p in layer.parameters() if p.requires_grad])
     return memory
-
-
-def _optimizer_bytes(layer: nn.Module, factory: OptimizerFactory) -> int:
-    params = [p for p in layer.parameters() if p.requires_grad]
-    if not any(p.grad is not None for p in params):
-        return 0
-    optimizer = factory(params)
-    optimizer.step()
-    state = [value for per_param in optimizer.state.values() for value in per_param.values()
-             if isinstance(value, Tensor) and value.dim() > 0]
-    return storage_bytes(state)
 
 
 def _times(timings: Timings, has_weights: bool, prefix: str) -> dict[str, float]:
@@ -336,7 +307,8 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),
         gradient_bytes=sum(p.grad.numel() * p.grad.element_size()
                            for p in params if p.grad is not None),
-        optimizer_bytes=_optimizer_bytes(layer, settings.optimizer),
+        optimizer_bytes=optimizer_state_bytes([p for p in params if p.requires_grad],
+                                              settings.optimizer),
         saved_bytes=memory.saved_bytes,
         **times,
     )
