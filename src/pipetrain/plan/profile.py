@@ -9,13 +9,16 @@ ResNet, GNMT) also lists its edges; a model that is a sequence of layers has non
 ``i`` feeds layer ``i + 1``).
 
 All times are seconds for one pass of the profile's ``batch_size`` samples and all sizes
-are bytes for that batch, so that a planner can scale them to any micro-batch size.
+are bytes for that batch, so that a planner can scale them to any micro-batch size;
+a profile with a ``microbatch_size`` also holds each layer's times measured at that
+size (``microbatch_forward_s``..., for small batches that run less efficiently).
 The JSON form (``Profile.to_json`` / ``Profile.from_json``)::
 
     {"format": "pipetrain-profile", "version": 1,
      "device": "cpu", "dtype": "float32", "batch_size": 32, "microbatch_size": 4,
      "torch_version": "2.13.0", "optimizer": "adamw",
-     "layers": [{"name": "0", "description": "Embedding", "forward_s": 0.001, ...}, ...],
+     "layers": [{"name": "0", "description": "Embedding", "forward_s": 0.001, ...,
+                 "microbatch_forward_s": 0.0002, ...}, ...],
      "edges": [[0, 1], [1, 2], ...]}
 
 This module is pure Python (no torch), like the schedule package.
@@ -68,6 +71,12 @@ class LayerProfile:
     """Bytes of the optimizer's state for these parameters (Adam: twice the parameters)."""
     saved_bytes: int = 0
     """Bytes of activations the node keeps from its forward for its backward."""
+    microbatch_forward_s: float | None = None
+    """Seconds of the forward pass of one micro-batch of the profile's ``microbatch_size``
+    samples (None: not measured); the other ``microbatch_*`` times likewise."""
+    microbatch_backward_s: float | None = None
+    microbatch_backward_input_s: float | None = None
+    microbatch_backward_weight_s: float | None = None
 
     @property
     def compute_s(self) -> float:

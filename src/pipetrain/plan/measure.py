@@ -1,0 +1,249 @@
+"""Timing one layer: forward, backward and the backward's two halves, repeated; medians.
+
+These are the profiler's timing primitives (see :mod:`pipetrain.plan.profiler` for what
+each measured field counts). A *pass* runs a layer on a fresh copy of its input, whose
+tensors that need a gradient are new leaves (cloned once more, so that a layer working
+in place does not write to a leaf); the backward passes are the runtime's own
+(:mod:`pipetrain.runtime.split_backward`, imported so that the halves measured are the
+halves that run), with a gradient of ones for every output that needs one, or from the
+scalar ``loss_fn(output, target)`` for the last layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.runtime.split_backward import backward_input, fused_backward
+
+__all__ = [
+    "LossFn",
+    "Pass",
+    "Sample",
+    "Timings",
+    "median_time",
+    "time_layer",
+]
+
+LossFn = Callable[[Any, Any], Tensor]
+"""``loss_fn(output, target) -> scalar``, as the last pipeline stage computes it."""
+
+
+@dataclass
+class Pass:
+    """One forward of a layer on a fresh copy of its input; ready for one backward.
+
+    Example:
+        >>> layer = nn.Linear(3, 2)
+        >>> run = Pass.prepare(torch.ones(4, 3, requires_grad=True), torch.device("cpu"))
+        >>> run.forward(layer, None, None)
+        >>> run.backward(list(layer.parameters()))
+        >>> layer.weight.grad.shape, run.leaves[0].grad is None  # input gradients: returned
+        (torch.Size([2, 3]), True)
+    """
+
+    leaves: list[Tensor]
+    """The copies of the input's tensors that need a gradient (the backward's inputs)."""
+    value: Any
+    """The input as the layer receives it."""
+    output: Any = None
+    roots: list[Tensor] = field(default_factory=list)
+    """What the backward starts from: the loss, or the outputs that need a gradient."""
+    grads: list[Tensor | None] = field(default_factory=list)
+
+    @staticmethod
+    def prepare(value: Any, device: torch.device) -> Pass:
+        """A copy of ``value`` on ``device``, cut from any graph, needing grad where it did.
+
+        Example:
+            >>> p = Pass.prepare((torch.ones(2, requires_grad=True), 3), torch.device("cpu"))
+            >>> len(p.leaves), p.value[0].is_leaf, p.value[1]
+            (1, False, 3)
+        """
+        leaves: list[Tensor] = []
+
+        def fresh(tensor: Tensor) -> Tensor:
+            copy = tensor.detach().to(device, copy=True)
+            if not tensor.requires_grad:
+                return copy
+            leaves.append(copy.requires_grad_())
+            return copy.clone()
+
+        return Pass(leaves, map_tensors(fresh, value))
+
+    def forward(self, layer: nn.Module, loss_fn: LossFn | None, target: Any) -> None:
+        """Run ``layer`` (and ``loss_fn`` when given) and set what the backward starts from."""
+        self.output = layer(self.value)
+        self.start_backward(loss_fn, target)
+
+    def start_backward(self, loss_fn: LossFn | None, target: Any) -> None:
+        """Set the backward's roots: ``loss_fn(output, target)``, else every output that
+        needs a gradient (with a gradient of ones)."""
+        if loss_fn is not None:
+            loss = loss_fn(self.output, target)
+            if not isinstance(loss, Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+                raise ValueError(
+                    f"loss_fn must return a scalar tensor, got {shape}; fix: reduce it, "
+                    "e.g. loss_fn=lambda out, y: F.cross_entropy(out, y) (mean)"
+                )
+            self.roots = [loss] if loss.requires_grad else []
+            self.grads = [None] * len(self.roots)
+        else:
+            self.roots = [t for t in iter_tensors(self.output) if t.requires_grad]
+            self.grads = [torch.ones_like(t) for t in self.roots]
+
+    def backward(self, params: list[nn.Parameter]) -> None:
+        """The whole backward, as the runtime runs it (gradients accumulate in ``.grad``)."""
+        if self.roots:
+            fused_backward(self.roots, self.grads, self.leaves, params)
+
+    def detached_output(self) -> Any:
+        """The output cut from the graph (what the next layer is fed)."""
+        return map_tensors(lambda t: t.detach().requires_grad_(t.requires_grad), self.output)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Sample(NamedTuple):
+    """One timed region: wall-clock seconds, and the process's CPU seconds meanwhile
+    (None on CUDA, where the CPU waits for the device).
+
+    Example:
+        >>> Sample(0.010, 0.001).preempted, Sample(0.010, 0.0098).preempted
+        (True, False)
+    """
+
+    wall: float
+    cpu: float | None = None
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the process lost the CPU for over a quarter of the region."""
+        return self.cpu is not None and self.cpu < 0.75 * self.wall
+
+
+@contextlib.contextmanager
+def _timed(samples: list[Sample], keep: bool, device: torch.device) -> Iterator[None]:
+    """Append the time the block takes to ``samples`` if ``keep``."""
+    _synchronize(device)
+    cpu = time.process_time()
+    start = time.perf_counter()
+    yield
+    _synchronize(device)
+    wall = time.perf_counter() - start
+    if keep:
+        on_cpu = device.type == "cpu"
+        samples.append(Sample(wall, time.process_time() - cpu if on_cpu else None))
+
+
+@dataclass
+class Timings:
+    """Each repetition of each pass (summed up by :func:`median_time`).
+
+    Example:
+        >>> timings = Timings(forward=[Sample(0.002, 0.002), Sample(0.003, 0.003)])
+        >>> median_time(timings.forward, digits=3), median_time(timings.backward, digits=3)
+        (0.0025, 0.0)
+    """
+
+    forward: list[Sample] = field(default_factory=list)
+    backward: list[Sample] = field(default_factory=list)
+    backward_input: list[Sample] = field(default_factory=list)
+    backward_weight: list[Sample] = field(default_factory=list)
+
+
+def median_time(samples: list[Sample], *, digits: int) -> float:
+    """The median wall time of the samples that kept the CPU (of all, if none did),
+    rounded to ``digits`` significant digits; 0 without samples.
+
+    On a shared CPU, another process preempting this one inflates some repetitions
+    many times over, and often more than half of one pass's repetitions (the time
+    slices fall on the same phase of every round), which a plain median does not survive.
+
+    Example:
+        >>> median_time([Sample(0.0012345, 0.0012), Sample(0.0011, 0.0011),
+        ...              Sample(0.0099, 0.0013), Sample(0.0098, 0.0012)], digits=3)
+        0.00117
+    """
+    if not samples:
+        return 0.0
+    kept = [s.wall for s in samples if not s.preempted] or [s.wall for s in samples]
+    return float(f"{statistics.median(kept):.{digits}g}")
+
+
+def time_layer(
+    layer: nn.Module,
+    value: Any,
+    *,
+    device: torch.device,
+    warmup: int,
+    repetitions: int,
+    loss_fn: LossFn | None = None,
+    target: Any = None,
+) -> tuple[Timings, Any]:
+    """Time ``warmup + repetitions`` rounds on ``value``; keep the last ``repetitions``.
+
+    A round is a forward and a whole backward (:func:`fused_backward`) and, when the
+    layer has trainable parameters, a second forward and the split backward
+    (:func:`backward_input`, then its weight pass); both forwards are timed. On CUDA the
+    device is synchronized at the start and end of every timed region; Python's garbage
+    collector is paused meanwhile (a collection takes milliseconds), as :mod:`timeit` does. Returns the
+    timings and the last forward's output, detached. Gradients accumulate in the
+    layer's ``.grad`` as over the micro-batches of a step.
+
+    Example:
+        >>> timings, out = time_layer(nn.Linear(4, 4), torch.ones(2, 4),
+        ...                           device=torch.device("cpu"), warmup=1, repetitions=3)
+        >>> len(timings.forward), len(timings.backward_weight), out.shape
+        (6, 3, torch.Size([2, 4]))
+    """
+    params = [p for p in layer.parameters() if p.requires_grad]
+    timings = Timings()
+    collecting = gc.isenabled()
+    gc.disable()  # a collection takes milliseconds: pause it while timing, as timeit does
+    try:
+        output = _rounds(layer, value, params, timings, device=device, warmup=warmup,
+                         repetitions=repetitions, loss_fn=loss_fn, target=target)
+    finally:
+        if collecting:
+            gc.enable()
+    return timings, output
+
+
+def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: Timings, *,
+            device: torch.device, warmup: int, repetitions: int, loss_fn: LossFn | None,
+            target: Any) -> Any:
+    output: Any = None
+    for round_index in range(warmup + repetitions):
+        keep = round_index >= warmup
+        whole = Pass.prepare(value, device)
+        with _timed(timings.forward, keep, device):
+            whole.forward(layer, loss_fn, target)
+        with _timed(timings.backward, keep, device):
+            whole.backward(params)
+        output = whole.detached_output()
+        del whole
+        if not params:
+            continue
+        split = Pass.prepare(value, device)
+        with _timed(timings.forward, keep, device):
+            split.forward(layer, loss_fn, target)
+        with _timed(timings.backward_input, keep, device):
+            _, weight = backward_input(split.roots, split.grads, split.leaves, params)
+        with _timed(timings.backward_weight, keep, device):
+            weight.run()
+        del split, weight
+    return output
