@@ -4,7 +4,7 @@ These are the profiler's timing primitives (see :mod:`pipetrain.plan.profiler` f
 each measured field counts). A *pass* runs a layer on a fresh copy of its input, whose
 tensors that need a gradient are new leaves (cloned once more, so that a layer working
 in place does not write to a leaf); the backward passes are the runtime's own
-(:mod:`pipetrain.runtime.split_backward`, imported so that the halves measured are the
+(:mod:`pipetrain.backward.split`, imported so that the halves measured are the
 halves that run), with a gradient of ones for every output that needs one, or from the
 scalar ``loss_fn(output, target)`` for the last layer.
 """
@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from pipetrain.backward.split import backward_input, fused_backward
 from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.runtime.split_backward import backward_input, fused_backward
 
 __all__ = [
     "LossFn",

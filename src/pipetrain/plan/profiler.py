@@ -12,10 +12,10 @@ later input needs one where the previous output did. What each field counts:
     ``loss_fn(output, target)`` when given, as the last pipeline stage computes it.
 ``backward_s``
     the whole backward, as the runtime runs it
-    (:func:`pipetrain.runtime.split_backward.fused_backward`), from a gradient of ones
+    (:func:`pipetrain.backward.split.fused_backward`), from a gradient of ones
     for every output that needs one (the last layer with ``loss_fn``: from the loss).
 ``backward_input_s`` / ``backward_weight_s``
-    the input-gradient pass (:func:`pipetrain.runtime.split_backward.backward_input`)
+    the input-gradient pass (:func:`pipetrain.backward.split.backward_input`)
     and the deferred weight-gradient pass it returns, as zero-bubble schedules run them.
     Without trainable parameters: the whole backward and 0.
 ``output_bytes``

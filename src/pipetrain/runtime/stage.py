@@ -10,7 +10,7 @@ keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, 
 runtime calls it *before* waiting for the gradient, so the recomputation overlaps the
 next stage's backward (as torchgpipe does). A split backward (input half, weight half)
 recomputes once. Backward accumulates the weight gradients of linear layers in place
-(:mod:`.split_backward`; ``fuse_weight_gradients=False`` leaves them to autograd).
+(:mod:`pipetrain.backward.split`; ``fuse_weight_gradients=False`` leaves them to autograd).
 With random streams (:class:`~pipetrain.runtime.rng.RandomStreams`) the stage runs its
 layers one by one and seeds torch's generators before each from (seed, global layer
 index, micro-batch), so the recomputation repeats dropout masks and the masks do not
@@ -31,16 +31,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
-from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.runtime.rng import LayerHook, RandomStreams
-from pipetrain.runtime.shared_recompute import RecomputeSharing
-from pipetrain.runtime.split_backward import (
+from pipetrain.backward.split import (
     GradientPool,
     WeightGradient,
     backward_input,
     fused_backward,
 )
+from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
+from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.runtime.rng import LayerHook, RandomStreams
+from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
 
 __all__ = ["LossFn", "StageCompute"]

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from pipetrain.runtime.gradient_pool import GradientPool
+from pipetrain.backward.gradient_pool import GradientPool
 
 __all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import pipetrain
-from pipetrain.runtime.gradient_pool import GradientPool
+from pipetrain.backward.gradient_pool import GradientPool
 
 
 def _weight() -> nn.Parameter:
