@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Structure", "flatten", "iter_tensors", "map_tensors", "unflatten"]
+__all__ = ["Structure", "describe_value", "flatten", "iter_tensors", "map_tensors", "unflatten"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,20 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
     """
     leaves, structure = flatten(value)
     return unflatten([fn(v) if isinstance(v, torch.Tensor) else v for v in leaves], structure)
+
+
+def describe_value(value: Any) -> str:
+    """A short description of a nested value's tensors, e.g. ``(3, 32) float32``.
+
+    Example:
+        >>> describe_value({"x": torch.zeros(3, 32), "n": 1})
+        "{'x': (3, 32) float32, 'n': int}"
+    """
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {describe_value(v)}" for k, v in value.items()) + "}"
+    return type(value).__name__

@@ -14,6 +14,7 @@ from helpers.guard_jobs import (
     batch_size_job,
     leftover_save_job,
     nonfinite_job,
+    nontensor_output_job,
     paramless_stage_job,
     seeded_linear,
     small_eval_job,
@@ -85,3 +86,12 @@ def test_a_stage_without_parameters_needs_no_optimizer() -> None:
     for found in (first, second):
         assert found["losses"] == pytest.approx(expected, rel=1e-6)
     torch.testing.assert_close(second["weights"]["layers.1.weight"], model[1].weight.detach())
+
+
+def test_a_last_stage_output_the_loss_cannot_take_is_blamed_on_the_last_stage() -> None:
+    """Bug: a last-stage layer returning a non-tensor blamed stage 0's output in the hint."""
+    _, (status1, text1) = run_workers(nontensor_output_job, 2, timeout=120, expect_errors=True)
+    assert status1 == "ok", text1
+    assert "loss_fn on the output of the last stage (1): {'h': (2, 8) float32}" in text1
+    assert "last layer must return what loss_fn(output, target) takes" in text1
+    assert "check that stage 0's output" not in text1

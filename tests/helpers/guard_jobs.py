@@ -160,3 +160,32 @@ def seeded_linear() -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
         return torch.nn.Linear(WIDTH, WIDTH)
+
+
+class ToDict(torch.nn.Module):
+    """A last layer that returns a dict, which ``mse_loss`` cannot take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"h": self.proj(x)}
+
+
+def nontensor_output_job(ctx: Any) -> str:
+    """The error of a last stage whose output the loss function cannot take."""
+    from pipetrain.api.pipeline import Pipeline
+
+    pipe = Pipeline([seeded_linear, ToDict], loss_fn=F.mse_loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                    config=PipelineConfig(num_stages=2, num_microbatches=2, heartbeat_timeout=5.0),
+                    context=ctx)
+    x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(0))
+    try:
+        pipe.train_step(x, x)
+    except Exception as error:
+        notes = "\n".join(getattr(error, "__notes__", []))
+        return f"{type(error).__name__}: {error}\n{notes}"
+    finally:
+        pipe.close()
+    return "no error"

@@ -21,28 +21,12 @@ from typing import Any, Protocol
 
 import torch
 
-from pipetrain.runtime.stage import StageCompute
+from pipetrain.nested import describe_value
+from pipetrain.runtime.stage import LOSS_NOTE, StageCompute
 from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Placement, Transport, handoff
 from pipetrain.schedule import Action, Op, TimedAction
 
 __all__ = ["Placement", "RankExecutor", "StepHooks", "StepIO", "describe_value"]
-
-
-def describe_value(value: Any) -> str:
-    """A short description of a nested value's tensors, e.g. ``(3, 32) float32``.
-
-    Example:
-        >>> describe_value({"x": torch.zeros(3, 32), "n": 1})
-        "{'x': (3, 32) float32, 'n': int}"
-    """
-    if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(describe_value(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k!r}: {describe_value(v)}" for k, v in value.items()) + "}"
-    return type(value).__name__
 
 
 _NOTE = "pipetrain: raised by rank"
@@ -132,6 +116,7 @@ class RankExecutor:
         self._outbox: dict[tuple[str, int, int], Any] = {}
         self._explicit = True
         self._last_input: Any = None
+        self._in_loss = False
 
     # -- helpers ----------------------------------------------------------------------
     def _local(self, stage: int, microbatch: int) -> bool:
@@ -197,6 +182,7 @@ class RankExecutor:
                 # a neighbour's failure re-raised here (the thread transport wakes waiters
                 # with the same object) already names where it was raised
                 notes = getattr(error, "__notes__", ())
+                self._in_loss = any(n.startswith(LOSS_NOTE) for n in notes)
                 if hasattr(error, "add_note") and not any(n.startswith(_NOTE) for n in notes):
                     error.add_note(self._describe_failure(action))
                 raise
@@ -206,7 +192,7 @@ class RankExecutor:
 
     def _describe_failure(self, action: Action) -> str:
         note = f"{_NOTE} {self.rank} running action {action}"
-        if action.op is Op.FORWARD and action.stage > 0:
+        if action.op is Op.FORWARD and action.stage > 0 and not self._in_loss:
             note += (
                 f" (stage {action.stage} on the output of stage {action.stage - 1}: "
                 f"{describe_value(self._last_input)}); check that stage {action.stage - 1}'s output is "

@@ -38,12 +38,15 @@ from pipetrain.backward.split import (
     fused_backward,
 )
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
-from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.nested import describe_value, iter_tensors, map_tensors
 from pipetrain.runtime.rng import LayerHook, RandomStreams
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
 
-__all__ = ["LossFn", "StageCompute"]
+__all__ = ["LOSS_NOTE", "LossFn", "StageCompute"]
+
+LOSS_NOTE = "pipetrain: raised by loss_fn"
+"""How the note on an error of ``loss_fn`` starts."""
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 """``loss_fn(output, target) -> scalar``: the mean loss of one micro-batch."""
@@ -156,10 +159,28 @@ class StageCompute:
             output = (output, [skips_out[key] for key in self.skips_out])
         loss = None
         if target is not None and self.loss_fn is not None:
-            loss = self.loss_fn(output, target)
+            loss = self._loss(output, target)
             if loss_scale is not None:
                 loss = loss * loss_scale
         return output, loss
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        """``loss_fn(output, target)``; a failure is told as the last stage's, not its input's."""
+        where = (f"{LOSS_NOTE} on the output of the last stage ({self.stage_index}): "
+                 f"{describe_value(output)}, with target {describe_value(target)}")
+        try:
+            loss = self.loss_fn(output, target)  # type: ignore[misc]
+        except Exception as error:
+            error.add_note(f"{where}; the model's last layer must return what loss_fn(output, "
+                           "target) takes (e.g. a tensor of logits), or loss_fn must unpack it")
+            raise
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            got = describe_value(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(
+                f"loss_fn returned {got}, not a scalar tensor ({where}); fix: loss_fn must return "
+                "the mean loss of the micro-batch, e.g. torch.nn.functional.cross_entropy(...)"
+            )
+        return loss
 
     def forward(
         self,
