@@ -20,7 +20,7 @@ import os
 import pickle
 import shutil
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -31,15 +31,28 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-if TYPE_CHECKING:
-    from pipetrain.api.pipeline import Pipeline
+__all__ = [
+    "Checkpointable",
+    "find_checkpoint",
+    "is_complete",
+    "load_pipeline",
+    "read_checkpoint_info",
+    "save_pipeline",
+]
 
-__all__ = ["find_checkpoint", "is_complete", "load_pipeline", "read_checkpoint_info", "save_pipeline"]
+
+class Checkpointable(Protocol):
+    """What a checkpoint holds of a pipeline: its model (this rank's layers), its stage
+    optimizers and schedulers, and its step (:class:`~pipetrain.api.pipeline.Pipeline`)."""
+
+    model: Any
+    optimizers: Any
+    step: int
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def _state(pipeline: Pipeline, extra: dict[str, Any] | None) -> dict[str, Any]:
+def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, Any]:
     optimizers = list(pipeline.optimizers.optimizers.values())
     schedulers = pipeline.optimizers.schedulers
     return {
@@ -109,7 +122,7 @@ def _commit(partial: str, path: str) -> None:
         _remove(previous)
 
 
-def save_pipeline(pipeline: Pipeline, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None) -> None:
+def save_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None) -> None:
     """Save ``pipeline`` (all ranks call this) to the directory ``path``.
 
     ``extra`` must be the same on every rank (e.g. the data position).
@@ -133,7 +146,7 @@ def save_pipeline(pipeline: Pipeline, path: str | os.PathLike[str], *, extra: di
     dist.barrier()
 
 
-def load_pipeline(pipeline: Pipeline, path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Load a checkpoint saved by :func:`save_pipeline` (any layout); returns ``extra``.
 
     Reads the newest complete checkpoint at ``path`` (see :func:`find_checkpoint`).

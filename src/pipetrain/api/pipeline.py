@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.layout import LayerSource, Layout, Tie
@@ -305,14 +306,10 @@ class Pipeline:
     def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint
         (every rank calls it); see :mod:`pipetrain.api.checkpointing`."""
-        from pipetrain.api.checkpointing import save_pipeline
-
         save_pipeline(self, path, extra=extra)
 
     def load(self, path: str) -> dict[str, Any] | None:
         """Load a checkpoint taken with any number of stages; returns its ``extra``."""
-        from pipetrain.api.checkpointing import load_pipeline
-
         return load_pipeline(self, path)
 
     def close(self) -> None:

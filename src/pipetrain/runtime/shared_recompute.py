@@ -25,12 +25,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from pipetrain.runtime.stage import StageCompute
 
-__all__ = ["RecomputeSharing"]
+class SharedStage(Protocol):
+    """What sharing needs of a stage (:class:`~pipetrain.runtime.stage.StageCompute`)."""
+
+    stage_index: int
+
+    @property
+    def touches_generators(self) -> bool: ...
+
+    def pending_recomputations(self) -> list[int]: ...
+
+    def graphs_held(self) -> int: ...
+
+    def rebuild(self, microbatch: int) -> None: ...
+
+__all__ = ["RecomputeSharing", "SharedStage"]
 
 
 @dataclass
@@ -72,7 +84,7 @@ class RecomputeSharing:
         >>> sharing.close()
     """
 
-    def __init__(self, stages: Iterable[StageCompute], cond: threading.Condition, *,
+    def __init__(self, stages: Iterable[SharedStage], cond: threading.Condition, *,
                  helpers: Iterable[int], limit: int = 2, timeout: float = 300.0) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1 re-materialized graph, got {limit}")
@@ -122,7 +134,7 @@ class RecomputeSharing:
             self._generation += 1
             return self._generation
 
-    def forward_done(self, stage: StageCompute) -> None:
+    def forward_done(self, stage: SharedStage) -> None:
         """``stage`` ran its forward phase: its graphs may be rebuilt now."""
         with self.cond:
             if self._ready is not None:
@@ -178,7 +190,7 @@ class RecomputeSharing:
                     self.cond.wait(1.0)
 
     # -- helping ----------------------------------------------------------------------
-    def _unclaimed(self, stage: StageCompute) -> list[int]:
+    def _unclaimed(self, stage: SharedStage) -> list[int]:
         """The stage's checkpointed keys of the run that nobody rebuilt or claimed."""
         assert self._range is not None
         low, high = self._range
@@ -186,7 +198,7 @@ class RecomputeSharing:
         return sorted(k for k in stage.pending_recomputations()
                       if low <= k < high and k not in book.claimed)
 
-    def _candidate(self) -> tuple[StageCompute, int] | None:
+    def _candidate(self) -> tuple[SharedStage, int] | None:
         for stage in self.stages:
             # while speculating, the caller's thread runs its own code (its loss), which
             # may draw from torch's generators: leave the stages that seed them alone
@@ -215,7 +227,7 @@ class RecomputeSharing:
         self._run(stage, key, helping=True)
         return True
 
-    def _run(self, stage: StageCompute, key: int, *, helping: bool) -> None:
+    def _run(self, stage: SharedStage, key: int, *, helping: bool) -> None:
         """Claim ``key`` of ``stage`` and rebuild it without the lock (caller holds it)."""
         book = self._books[id(stage)]
         book.claimed.add(key)
@@ -232,7 +244,7 @@ class RecomputeSharing:
             self.cond.notify_all()
 
     # -- the owner --------------------------------------------------------------------
-    def recompute(self, stage: StageCompute, key: int) -> None:
+    def recompute(self, stage: SharedStage, key: int) -> None:
         """The owner needs ``key``'s graph now: rebuild it, or wait for its helper."""
         book = self._books[id(stage)]
         deadline = time.monotonic() + self.timeout

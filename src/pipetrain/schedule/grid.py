@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pipetrain.schedule.actions import Action
 from pipetrain.schedule.costs import Costs
 from pipetrain.schedule.execution import TimedAction, execute
 from pipetrain.schedule.program import Schedule
 
-if TYPE_CHECKING:
-    from pipetrain.schedule.simulate import SimulationResult
 
-__all__ = ["UNIT_COSTS", "action_label", "render_grid"]
+class TimedRun(Protocol):
+    """What :func:`render_grid` reads of a simulation result."""
+
+    timeline: tuple[TimedAction, ...]
+    num_ranks: int
+
+__all__ = ["UNIT_COSTS", "TimedRun", "action_label", "render_grid"]
 
 UNIT_COSTS = Costs(forward=1, backward=1, backward_input=1, backward_weight=1)
 """Every compute action takes one clock tick; messages arrive at once."""
 
 
 def render_grid(
-    source: Schedule | SimulationResult | Iterable[TimedAction], *, tick: float | None = None
+    source: Schedule | TimedRun | Iterable[TimedAction], *, tick: float | None = None
 ) -> str:
     """A rank x clock-tick text grid of the compute actions (``.`` where a rank idles).
 
@@ -45,14 +49,11 @@ def render_grid(
         ).timeline
         num_ranks = source.num_ranks
         tick = 1.0
+    elif hasattr(source, "timeline") and hasattr(source, "num_ranks"):  # a simulation result
+        timeline, num_ranks = tuple(source.timeline), int(source.num_ranks)
     else:
-        from pipetrain.schedule.simulate import SimulationResult  # it imports this module
-
-        if isinstance(source, SimulationResult):
-            timeline, num_ranks = source.timeline, source.num_ranks
-        else:
-            timeline = tuple(source)
-            num_ranks = max((t.rank + 1 for t in timeline), default=0)
+        timeline = tuple(source)
+        num_ranks = max((t.rank + 1 for t in timeline), default=0)
     origin = min((t.start for t in timeline), default=0.0)
     compute = [t for t in timeline if t.action.op.is_compute]
     if tick is None:
