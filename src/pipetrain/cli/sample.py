@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from typing import Any
 
@@ -36,12 +35,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(args: argparse.Namespace) -> int:
     """Print a sample; 2 with a message when RUN is not a finished run."""
     config_path = os.path.join(args.run_folder, "config.json")
@@ -58,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
     from pipetrain.data import ByteTokenizer
+    from pipetrain.launch import free_port
     from pipetrain.models import GPTConfig, generate, gpt_layer_factories, gpt_loss, gpt_ties
     from pipetrain.runtime.process_group import init_distributed
 
@@ -65,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         saved = json.load(f)
     model = GPTConfig(**saved["model"])
     context = init_distributed(rank=0, world_size=1, master_addr="127.0.0.1",
-                               master_port=_free_port(), backend="gloo")
+                               master_port=free_port(), backend="gloo")
     try:
         pipe = Pipeline(gpt_layer_factories(model, seed=0), loss_fn=gpt_loss,
                         optimizer=lambda p: torch.optim.AdamW(p), ties=gpt_ties(model),

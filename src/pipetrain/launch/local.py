@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections.abc import Sequence
@@ -21,6 +20,8 @@ from collections.abc import Sequence
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from pipetrain.launch.processes import free_port
 
 __all__ = ["LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
 
@@ -64,12 +65,6 @@ def in_worker() -> bool:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _describe(exitcode: int) -> str:
     if exitcode < 0:
         try:
@@ -101,7 +96,7 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
         nproc_per_node=nproc,
         run_id=f"pipetrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=monitor_interval,
         shutdown_timeout=shutdown_timeout,
