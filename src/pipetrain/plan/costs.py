@@ -288,8 +288,8 @@ def scan_memory_replicas(
         >>> load = StageLoad(compute_s=1.0, parameter_bytes=1.0, activation_bytes=1.0,
         ...                  input_bytes=0.0, output_bytes=0.0, is_first=True, is_last=True)
         >>> scan_memory_replicas(PipeDreamCostModel(), StageRow.of([load]), memory_limit=4.0,
-        ...                      workers_after=[3], max_replicas=8)
-        [2]
+        ...                      workers_after=[3], max_replicas=8)  # 2 bytes x ceil(6 / 3)
+        [3]
     """
     out = []
     for k, after in zip(range(len(row)) if indices is None else indices, workers_after):

@@ -180,16 +180,11 @@ class PipeDreamCostModel:
             gap = r - bound
             if r > max_replicas or gap < 1e-9 * r or (r > low and gap > 1 - 1e-9 * r):
                 # near a whole number: settle with the exact times
-                def t(k: int) -> float:
-                    return _time(
-                        compute, parameters, input_bytes, output_bytes, first, last, k,
-                        bandwidth, within,
-                    )
-
+                stage = (compute, parameters, input_bytes, output_bytes, first, last)
                 r = max(low, min(r, max_replicas + 1) - 1)
-                while r <= max_replicas and t(r) > limit:
+                while r <= max_replicas and _time(*stage, r, bandwidth, within) > limit:
                     r += 1
-                while r > low and t(r - 1) <= limit:
+                while r > low and _time(*stage, r - 1, bandwidth, within) <= limit:
                     r -= 1
             out.append(r if r <= max_replicas else 0)
         return out

@@ -29,15 +29,23 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from functools import partial
 
+from pipetrain.plan.bisection import minimize
 from pipetrain.plan.cost_models import DEFAULT_COST_MODEL, get_cost_model
 from pipetrain.plan.costs import CostModel, LevelContext
+from pipetrain.plan.exact_count import (
+    events_exact,
+    events_straight,
+    probe_exact,
+    probe_straight_exact,
+)
 from pipetrain.plan.exact_dp import exact_dp
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS, CutGraph
 from pipetrain.plan.hierarchy import solve_hierarchy
 from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
 from pipetrain.plan.profile import Profile
-from pipetrain.plan.search import FlatSearch, Stages, minimize
+from pipetrain.plan.search import FlatSearch, Stages
 from pipetrain.plan.topology import Topology
 
 __all__ = ["PlannerConfig", "make_plan"]
@@ -131,15 +139,16 @@ def _solve_flat(search: FlatSearch, *, fewer_workers: bool) -> tuple[Stages, flo
         return (padded, time) if padded is not None else fewest
     if search.straight:
         return minimize(
-            search.probe_straight_exact, search.bottleneck, below=time,
-            events=search.events_straight,
+            partial(probe_straight_exact, search), search.bottleneck, below=time,
+            events=partial(events_straight, search),
         )
     padded = search.pad(stages, time)
     if padded is not None:
         return padded, time
     if search.model.replicas_monotone:
         return minimize(
-            search.probe_exact, search.bottleneck, below=time, events=search.events_exact
+            partial(probe_exact, search), search.bottleneck, below=time,
+            events=partial(events_exact, search),
         )
     logger.info(
         "the fewest-workers optimum (%d of %d workers) cannot take the rest; running the "
@@ -195,7 +204,7 @@ def _memory_advice(
 def _feasible_plan(search: FlatSearch, fewer_workers: bool) -> Stages | None:
     """Any plan within the memory limit (time ignored), in the configured mode."""
     if search.straight and not fewer_workers:
-        return search.probe_straight_exact(math.inf)
+        return probe_straight_exact(search, math.inf)
     stages = search.probe_fewest(math.inf)
     if stages is None or fewer_workers:
         return stages
@@ -203,7 +212,7 @@ def _feasible_plan(search: FlatSearch, fewer_workers: bool) -> Stages | None:
     if padded is not None:
         return padded
     if search.model.replicas_monotone:
-        return search.probe_exact(math.inf)
+        return probe_exact(search, math.inf)
     result = exact_dp(search)
     return None if result is None else result[0]
 

@@ -12,13 +12,11 @@ where ``r(cut, b)`` is the fewest replicas that bring the stage ``b - cut`` to `
 the ``workers(b)`` workers after it. Taking the fewest workers after a stage is never
 worse: a stage's memory only grows with the workers after it. ``T`` is feasible when
 ``workers(empty cut) <= num_workers``; the optimum is the smallest feasible ``T``, found
-by bisection, and certified exactly: a final probe with "strictly below ``T``" finds
-nothing. One probe costs one pass over the pairs of cuts, whatever the number of workers,
-which is what makes 1,024 workers cheap.
-
-Straight pipelines (one worker per stage) with exactly ``num_workers`` stages need the
-set of achievable stage counts instead of the fewest; a probe then carries, per cut, the
-counts as the bits of an integer.
+by :func:`~pipetrain.plan.bisection.minimize` and certified exactly. One probe costs one
+pass over the pairs of cuts, whatever the number of workers, which is what makes 1,024
+workers cheap; the cost model's answers are kept between probes
+(:mod:`pipetrain.plan.replica_cache`), so later probes cost less. Plans on *exactly*
+``num_workers`` workers are :mod:`pipetrain.plan.exact_count`'s.
 """
 
 from __future__ import annotations
@@ -32,13 +30,13 @@ from pipetrain.plan.costs import CostModel, LevelContext, StageLoad, StageRow
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.replica_cache import ReplicaCache
 
-__all__ = ["FlatSearch", "Stages", "minimize"]
+__all__ = ["EVENT_BUDGET", "FlatSearch", "Stages"]
 
 Stages = list[tuple[int, int, int]]
 """A plan on one level: ``(first cut, last cut, replicas)`` per stage, in order."""
 
-_REL = 1e-10
-_EVENT_BUDGET = 200_000
+EVENT_BUDGET = 200_000
+"""The most stage times :meth:`FlatSearch.events_fewest` evaluates before giving up."""
 
 
 class FlatSearch:
@@ -52,8 +50,8 @@ class FlatSearch:
         ...                for k in range(4))
         >>> s = FlatSearch(CutGraph(Profile(layers=layers)), model=PipeDreamCostModel(),
         ...                level=LevelContext(bandwidth=1e9), num_workers=2)
-        >>> minimize(s.probe_fewest, s.bottleneck)
-        ([(0, 2, 1), (2, 4, 1)], 2.0)
+        >>> s.probe_fewest(2.0), s.probe_fewest(1.5)
+        ([(0, 2, 1), (2, 4, 1)], None)
     """
 
     def __init__(
@@ -73,12 +71,12 @@ class FlatSearch:
         self.straight = straight
         self.memory_limit = memory_limit
         self.rows = [self._row(a) for a in range(graph.full)]
-        self._memory_masks: tuple[float, list[list[int]]] | None = None
-        self._one = ReplicaCache(self.rows, model, level, max_replicas=1)
-        self._fewest = (
-            self._one if straight else ReplicaCache(self.rows, model, level, max_replicas=num_workers)
+        self.straight_masks: tuple[float, list[list[int]]] | None = None
+        self.single = ReplicaCache(self.rows, model, level, max_replicas=1)
+        self.fewest = (
+            self.single if straight else ReplicaCache(self.rows, model, level, max_replicas=num_workers)
         )
-        self._two = ReplicaCache(self.rows, model, level, max_replicas=num_workers, at_least=2)
+        self.at_least_two = ReplicaCache(self.rows, model, level, max_replicas=num_workers, at_least=2)
         self._need = 0
         self._feasible: tuple[float, int] | None = None
         self._infeasible: tuple[float, int] | None = None
@@ -163,7 +161,7 @@ class FlatSearch:
         fewest = [big] * g.num_cuts
         fewest[g.full] = 0
         choice: list[tuple[int, int]] = [(0, 0)] * g.num_cuts
-        memory, cache = self.memory_limit, self._fewest
+        memory, cache = self.memory_limit, self.fewest
         gather, seen, costs = self._gather, self._seen, self._costs
         for a in range(g.full - 1, -1, -1):
             ends = g.supersets(a)
@@ -185,7 +183,7 @@ class FlatSearch:
                 fewest[a], choice[a] = best, pick
         cache.settle(found=fewest[0] <= limit)
         if memory is not None and not self.straight and self.model.replicas_monotone:
-            self._two.settle(found=fewest[0] <= limit)
+            self.at_least_two.settle(found=fewest[0] <= limit)
         self._need = fewest[0]
         if fewest[0] > limit:
             return None
@@ -219,29 +217,20 @@ class FlatSearch:
         slope = (math.log(n1) - math.log(n2)) / (math.log(t1) - math.log(t2))
         if slope >= 0:
             return single
-        return t2 * (workers / n2) ** (1 / slope)
+        estimate: float = t2 * (workers / n2) ** (1 / slope)
+        return estimate
 
     def events_fewest(self, low: float, high: float) -> set[float] | None:
         """The limits in ``(low, high]`` where :meth:`probe_fewest` can change its answer
         (None: too many to list, or a memory limit with a model not ``replicas_monotone``).
         """
-        fewest = self._fewest.events(low, high, budget=_EVENT_BUDGET)
+        fewest = self.fewest.events(low, high, budget=EVENT_BUDGET)
         if self.memory_limit is None or self.straight or fewest is None:
             return fewest
         if not self.model.replicas_monotone:
             return None
-        two = self._two.events(low, high, budget=_EVENT_BUDGET)
+        two = self.at_least_two.events(low, high, budget=EVENT_BUDGET)
         return None if two is None else fewest | two
-
-    def events_exact(self, low: float, high: float) -> set[float] | None:
-        """As :meth:`events_fewest`, for :meth:`probe_exact`."""
-        ones = self._one.events(low, high, budget=_EVENT_BUDGET)
-        twos = self._two.events(low, high, budget=_EVENT_BUDGET)
-        return None if ones is None or twos is None else ones | twos
-
-    def events_straight(self, low: float, high: float) -> set[float] | None:
-        """As :meth:`events_fewest`, for :meth:`probe_straight_exact`."""
-        return self._one.events(low, high, budget=_EVENT_BUDGET)
 
     def _fit_row(
         self,
@@ -263,13 +252,13 @@ class FlatSearch:
                 if totals[k] >= best:
                     break
                 after = fewest[ends[k]]
-                r = self._fit_memory(a, k, replicas[k], after, time_limit, min(best - 1 - after, limit))
+                r = self.fit_memory(a, k, replicas[k], after, time_limit, min(best - 1 - after, limit))
                 if r:
                     best, pick = after + r, (ends[k], r)
             return best, pick
         # monotone from 2 replicas: r = max(time's fewest, memory's fewest), where a
         # stage fast on 1 replica but needing more for memory takes time's fewest >= 2
-        two = self._two.row(a, time_limit)
+        two = self.at_least_two.row(a, time_limit)
         if self._memo_limit != self.memory_limit:  # the memos hold answers for one limit
             self._memory_memo = [{} for _ in self._memory_memo]
             self._memo_limit = self.memory_limit
@@ -297,7 +286,7 @@ class FlatSearch:
                     best, pick = after + r, (ends[k], r)
         return best, pick
 
-    def _fit_memory(
+    def fit_memory(
         self, a: int, k: int, r: int, after: int, time_limit: float, max_replicas: int
     ) -> int:
         """The fewest replicas from ``r`` (fast enough) up to ``max_replicas`` that fit the
@@ -319,12 +308,12 @@ class FlatSearch:
         if self.straight:
             return 0
         if not model.replicas_monotone:
-            for r in range(r + 1, top + 1):
-                if fits(r) and model.stage_time(load, replicas=r, level=self.level) <= time_limit:
-                    return r
+            for more in range(r + 1, top + 1):
+                if fits(more) and model.stage_time(load, replicas=more, level=self.level) <= time_limit:
+                    return more
             return 0
         if r == 1:  # from 2 replicas on, time and memory only fall
-            r = self._two.row(a, time_limit)[k]
+            r = self.at_least_two.row(a, time_limit)[k]
             if not r or r > top:
                 return 0
             if fits(r):
@@ -336,129 +325,6 @@ class FlatSearch:
             mid = (low + high) // 2
             low, high = (low, mid) if fits(mid) else (mid, high)
         return high
-
-    def probe_straight_exact(self, time_limit: float) -> Stages | None:
-        """A straight plan of exactly ``num_workers`` stages, each at most
-        ``time_limit``, or None."""
-        g, count = self.graph, self.num_workers
-        if count > g.num_nodes:
-            return None
-        keep = (1 << (count + 1)) - 1
-        counts = [0] * g.num_cuts  # bit k: the suffix can be cut into exactly k stages
-        counts[g.full] = 1
-        feasible: list[list[int]] = [[]] * g.num_cuts
-        masks = self._straight_memory_masks() if self.memory_limit is not None else None
-        for a in range(g.full - 1, -1, -1):
-            ends = g.supersets(a)
-            ok = self._one.row(a, time_limit)
-            bits = 0
-            for k, b in enumerate(ends):
-                if ok[k]:
-                    reach = counts[b] if masks is None else counts[b] & masks[a][k]
-                    bits |= reach << 1
-            counts[a] = bits & keep
-            feasible[a] = ok
-        self._one.settle(found=bool(counts[0] >> count & 1))
-        if not counts[0] >> count & 1:
-            return None
-        stages: Stages = []
-        a, left = 0, count
-        while a != g.full:
-            for k, b in enumerate(g.supersets(a)):
-                reach = counts[b] if masks is None else counts[b] & masks[a][k]
-                if feasible[a][k] and reach >> (left - 1) & 1:
-                    stages.append((a, b, 1))
-                    a, left = b, left - 1
-                    break
-            else:  # pragma: no cover - the bits above say a stage exists
-                raise AssertionError("straight plan reconstruction failed")
-        return stages
-
-    def probe_exact(self, time_limit: float) -> Stages | None:
-        """A replicated plan on exactly ``num_workers`` workers with every stage at most
-        ``time_limit``, or None; needs a model with ``replicas_monotone``.
-
-        Per cut, the achievable worker counts of the rest are the bits of an integer: a
-        stage adds 1 (when one replica is fast enough) or any ``r`` from the smallest
-        fast-enough ``r >= 2`` on, which (the model being monotone from 2 replicas on)
-        reaches every count from ``fewest(rest) + r`` up.
-        """
-        assert self.model.replicas_monotone, "probe_exact needs replicas_monotone"
-        g, count = self.graph, self.num_workers
-        keep = (1 << (count + 1)) - 1
-        counts = [0] * g.num_cuts
-        counts[g.full] = 1
-        ones: list[list[int]] = [[]] * g.num_cuts
-        starts: list[list[int]] = [[]] * g.num_cuts  # fewest replicas >= 2, after fewest
-        masks = self._straight_memory_masks() if self.memory_limit is not None else None
-        for a in range(g.full - 1, -1, -1):
-            one = self._one.row(a, time_limit)
-            two = list(self._two.row(a, time_limit))
-            bits = 0
-            for k, b in enumerate(g.supersets(a)):
-                rest = counts[b]
-                if not rest:
-                    two[k] = 0
-                    continue
-                if one[k]:
-                    bits |= (rest if masks is None else rest & masks[a][k]) << 1
-                r = two[k]
-                if r:
-                    fewest = (rest & -rest).bit_length() - 1
-                    if masks is not None:
-                        r = self._fit_memory(a, k, r, fewest, time_limit, count - fewest)
-                        two[k] = r
-                    if r and fewest + r <= count:
-                        bits |= keep ^ ((1 << (fewest + r)) - 1)
-            counts[a] = bits & keep
-            ones[a], starts[a] = one, two
-        found = bool(counts[0] >> count & 1)
-        self._one.settle(found=found)
-        self._two.settle(found=found)
-        if not found:
-            return None
-        stages: Stages = []
-        a, left = 0, count
-        while a != g.full:
-            for k, b in enumerate(g.supersets(a)):
-                rest = counts[b]
-                if not rest:
-                    continue
-                if ones[a][k] and (rest if masks is None else rest & masks[a][k]) >> (left - 1) & 1:
-                    stages.append((a, b, 1))
-                    a, left = b, left - 1
-                    break
-                fewest = (rest & -rest).bit_length() - 1
-                if starts[a][k] and left >= fewest + starts[a][k]:
-                    stages.append((a, b, left - fewest))
-                    a, left = b, fewest
-                    break
-            else:  # pragma: no cover - the bits above say a stage exists
-                raise AssertionError("exact plan reconstruction failed")
-        return stages
-
-    def _straight_memory_masks(self) -> list[list[int]]:
-        """Per stage, the bit mask of stage counts after it that fit the memory limit."""
-        limit, count = self.memory_limit, self.num_workers
-        assert limit is not None
-        if self._memory_masks is None or self._memory_masks[0] != limit:
-            masks = []
-            for row in self.rows:
-                row_masks = []
-                for k in range(len(row)):
-                    load = row.load(k)
-                    lo, hi = 0, count  # largest d with memory(workers = d + 1) <= limit
-                    if self.model.stage_memory(load, replicas=1, workers_from_stage=1) > limit:
-                        row_masks.append(0)
-                        continue
-                    while lo < hi:
-                        mid = (lo + hi + 1) // 2
-                        mem = self.model.stage_memory(load, replicas=1, workers_from_stage=mid + 1)
-                        lo, hi = (mid, hi) if mem <= limit else (lo, mid - 1)
-                    row_masks.append((1 << (lo + 1)) - 1)
-                masks.append(row_masks)
-            self._memory_masks = (limit, masks)
-        return self._memory_masks[1]
 
     def pad(self, stages: Stages, time_limit: float) -> Stages | None:
         """``stages`` with the unused workers added to one stage, if some stage can take
@@ -483,88 +349,4 @@ def _gatherer(ends: Sequence[int]) -> Callable[[list[int]], Sequence[int]]:
         only = ends[0]
         return lambda values: (values[only],)
     getter = operator.itemgetter(*ends)
-    return lambda values: getter(values)  # type: ignore[no-any-return]
-
-
-def minimize(
-    probe: Callable[[float], Stages | None],
-    value: Callable[[Stages], float],
-    *,
-    below: float = 0.0,
-    guess: Callable[[float, Stages | None], float] | None = None,
-    events: Callable[[float, float], set[float] | None] | None = None,
-) -> tuple[Stages, float] | None:
-    """The smallest ``value(plan)`` over the plans ``probe(limit)`` can return.
-
-    ``probe(limit)`` must return a plan with ``value <= limit`` whenever one exists, and
-    None otherwise; ``below`` is a value known to have no plan strictly under it (0: none
-    known), tried first. Bisects on the limit: each plan found lowers the upper end to
-    its own value; ``guess(limit, plan)`` may suggest the next limit from what the last
-    probe saw (followed while it at least halves the bracket); once the bracket is narrow,
-    ``events(low, high)`` may list every value in it where a probe's answer can change,
-    and the search finishes by bisecting that list. It ends with a certificate: no plan
-    is strictly below the answer. None when ``probe(inf)`` finds nothing.
-    """
-    if below > 0:  # often the answer itself
-        found = probe(below)
-        if found is not None:
-            return found, value(found)
-    plan = probe(math.inf)
-    if plan is None:
-        return None
-    high = value(plan)
-    low = below  # no plan at or below it (0: unknown)
-    suggestion = guess(math.inf, plan) if guess is not None else 0.0
-    trust, next_events = True, 1e-4
-    while high > 0:
-        width = math.log(high / low) if low > 0 else math.inf
-        if events is not None and width < next_events:
-            next_events = width / 100
-            values = events(low, high)
-            if values is not None:
-                return _finish(probe, value, sorted(v for v in values if v < high), plan, high)
-        if low > 0 and high <= low * (1 + _REL):
-            below = probe(math.nextafter(high, 0.0))
-            if below is None:
-                break
-            plan, high = below, value(below)
-            continue
-        if trust and low < suggestion < high:
-            mid = suggestion
-        elif low > 0:
-            mid = math.sqrt(low * high)
-        else:
-            mid = high / 64
-        found = probe(mid)
-        if found is None:
-            low = mid
-        else:
-            plan, high = found, value(found)
-        suggestion = guess(mid, found) if guess is not None else 0.0
-        trust = low > 0 and math.log(high / low) <= width / 2 if mid == suggestion else True
-    return plan, high
-
-
-def _finish(
-    probe: Callable[[float], Stages | None],
-    value: Callable[[Stages], float],
-    candidates: list[float],
-    plan: Stages,
-    high: float,
-) -> tuple[Stages, float]:
-    """The smallest feasible value among ``candidates`` (ascending, all below ``high``,
-    which is feasible with ``plan``), when no answer changes between them."""
-    lo, hi = -1, len(candidates)  # candidates[lo] infeasible, candidates[hi] (or high) not
-    if candidates:  # the bisection has most often found the optimum already
-        found = probe(candidates[-1])
-        if found is None:
-            return plan, high
-        hi, plan = len(candidates) - 1, found
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = probe(candidates[mid])
-        if found is None:
-            lo = mid
-        else:
-            hi, plan = mid, found
-    return plan, value(plan) if hi < len(candidates) else high
+    return lambda values: getter(values)
