@@ -1,9 +1,10 @@
 """How long the planner takes on large models and clusters (prints seconds; not a test).
 
-Plans, under the ``pipedream`` cost model, a 1,000-node chain and a wide branching DAG
-(Inception-like blocks) on 1,024 workers (flat, replicated, every worker used; then
-with ``--fewer-workers``, ``--straight`` on 64 workers, and a memory limit), and the
-same chain on a two-level 8 x 128 topology::
+Plans, under the ``pipedream`` cost model, a 1,000-node chain, a ResNet-like DAG and a
+wide branching DAG (Inception-like blocks) on 1,024 workers (flat, replicated, every worker used; then
+with ``--fewer-workers``, a memory limit, and ``--straight`` on 64 workers), and a
+100-node chain on a two-level topology of 16 servers of 8 GPUs (PipeDream's
+hierarchical program costs the cube of the cuts, so it is for smaller graphs)::
 
     python benchmarks/planner_speed.py [--nodes 1000] [--workers 1024] [--quick]
 
@@ -37,6 +38,35 @@ def chain(num_nodes: int, seed: int = 0) -> Profile:
     """A sequence of ``num_nodes`` layers."""
     rng = random.Random(seed)
     return Profile(layers=tuple(_layer(rng, str(k)) for k in range(num_nodes)))
+
+
+def residual_dag(num_nodes: int, seed: int = 0) -> Profile:
+    """ResNet-like: blocks of a 3-node main path and an add, with a skip edge around it,
+    and every fourth block a 1-node (downsampling) shortcut instead."""
+    rng = random.Random(seed)
+    layers: list[LayerProfile] = []
+    edges: list[tuple[int, int]] = []
+
+    def add() -> int:
+        layers.append(_layer(rng, f"n{len(layers)}"))
+        return len(layers) - 1
+
+    last = add()
+    block = 0
+    while len(layers) < num_nodes:
+        start = last
+        for _ in range(3):
+            node = add()
+            edges.append((last, node))
+            last = node
+        skip = start
+        if block % 4 == 0:
+            skip = add()
+            edges.append((start, skip))
+        join = add()
+        edges.extend([(last, join), (skip, join)])
+        last, block = join, block + 1
+    return Profile(layers=tuple(layers), edges=tuple(edges))
 
 
 def wide_dag(num_nodes: int, seed: int = 0, width: int = 3) -> Profile:
@@ -90,17 +120,22 @@ def main() -> None:
     nodes, workers = (100, 64) if args.quick else (args.nodes, args.workers)
     flat = Topology.flat(workers, 10e9)
     line = chain(nodes)
+    residual = residual_dag(nodes)
     dag = wide_dag(nodes)
     run("chain", line, PlannerConfig(topology=flat))
     run("chain --fewer-workers", line, PlannerConfig(topology=flat, fewer_workers=True))
-    run("chain --memory 2e9", line, PlannerConfig(topology=flat, memory_limit=2e9))
+    run("chain --memory 8e9", line, PlannerConfig(topology=flat, memory_limit=8e9))
     run("chain --straight (64 workers)", line,
         PlannerConfig(topology=Topology.flat(64, 10e9), straight=True))
-    run("wide DAG", dag, PlannerConfig(topology=flat))
+    run("residual DAG (ResNet-like)", residual, PlannerConfig(topology=flat))
+    run("wide DAG (Inception-like)", dag, PlannerConfig(topology=flat))
     run("wide DAG --fewer-workers", dag, PlannerConfig(topology=flat, fewer_workers=True))
-    small = max(8, workers // 128)
-    two_level = Topology.from_lists([8, small], [300e9, 25e9])
-    run(f"chain of {nodes // 5}, two levels", chain(nodes // 5), PlannerConfig(topology=two_level))
+    run("wide DAG --straight (64 workers)", dag,
+        PlannerConfig(topology=Topology.flat(64, 10e9), straight=True))
+    servers = max(2, workers // 64)
+    two_level = Topology.from_lists([8, servers], [300e9, 25e9])
+    run(f"chain of {nodes // 10}, two levels", chain(nodes // 10),
+        PlannerConfig(topology=two_level))
 
 
 if __name__ == "__main__":

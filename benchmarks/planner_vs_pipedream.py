@@ -122,9 +122,17 @@ def pipedream_flat_time(profile: Profile, case: Case, stdout: str, graph_text: s
 
 
 def describe(plan: Plan, profile: Profile) -> str:
+    """Each stage as ``first-last`` node positions (in the profile's topological order;
+    ``N of first-last`` when the stage skips some), times its replicas per level."""
     parts = []
     for indices, stage in zip(plan.layer_indices(profile), plan.stages):
-        span = f"{indices[0]}-{indices[-1]}" if len(indices) > 1 else f"{indices[0]}"
+        first, last = indices[0], indices[-1]
+        if len(indices) == 1:
+            span = f"{first}"
+        elif last - first + 1 == len(indices):
+            span = f"{first}-{last}"
+        else:
+            span = f"{len(indices)} of {first}-{last}"
         per = "x".join(map(str, stage.replicas_per_level))
         parts.append(f"[{span}]x{per}")
     return " ".join(parts)

@@ -5,8 +5,8 @@ a plan whose slowest stage takes at most ``T``? :func:`minimize` turns that into
 smallest such ``T``. It bisects on ``T`` in log space, lowering the upper end to the
 value of each plan found (often well below the probed limit) and following the
 search's own guesses while they at least halve the bracket; once the bracket is narrow
-it asks for every value inside where a probe's answer can change (the stage times
-there) and bisects that finite list. It ends with a certificate: a probe "strictly
+it tries each plan found as the answer at once, and asks for every value inside where a
+probe's answer can change (the stage times there) to bisect that finite list. It ends with a certificate: a probe "strictly
 below the answer" that finds nothing, so the answer is exact, not within a tolerance.
 
 Example:
@@ -29,6 +29,8 @@ P = TypeVar("P")
 
 _REL = 1e-10
 """Relative bracket width at which the bisection asks for its certificate."""
+_CERTIFY = 1e-3
+"""Below this relative width, a plan found is tried as the answer at once."""
 
 
 def minimize(
@@ -60,7 +62,7 @@ def minimize(
     high = value(plan)
     low = below  # no plan at or below it (0: unknown)
     suggestion = guess(math.inf, plan) if guess is not None else 0.0
-    trust, next_events = True, 1e-4
+    trust, next_events, certify = True, 1e-4, False
     while high > 0:
         width = math.log(high / low) if low > 0 else math.inf
         if events is not None and width < next_events:
@@ -68,7 +70,14 @@ def minimize(
             values = events(low, high)
             if values is not None:
                 return _finish(probe, value, sorted(v for v in values if v < high), plan, high)
-        if low > 0 and high <= low * (1 + _REL):
+        if certify or (low > 0 and high <= low * (1 + _REL)):
+            # a plan found in a narrow bracket is most often the optimum: try to certify
+            certify = False
+            lower = probe(math.nextafter(high, 0.0))
+            if lower is None:
+                break
+            plan, high = lower, value(lower)
+            continue
             lower = probe(math.nextafter(high, 0.0))
             if lower is None:
                 break
@@ -85,6 +94,7 @@ def minimize(
             low = mid
         else:
             plan, high = found, value(found)
+            certify = low > 0 and math.log(high / low) < _CERTIFY
         suggestion = guess(mid, found) if guess is not None else 0.0
         trust = low > 0 and math.log(high / low) <= width / 2 if mid == suggestion else True
     return plan, high

@@ -154,7 +154,9 @@ class PipeDreamCostModel:
         within = level.workers_per_unit if first else 1
         input_bytes = row.input_bytes
         low = max(at_least, 2)
-        cap = max_replicas * (1 + 1e-9)
+        # The root loses up to sqrt(machine epsilon) relative near a double root: trust it
+        # only 1e-6 away from a whole number (or the cap), else settle with exact times.
+        cap = max_replicas * (1 + 1e-6)
         out = []
         for one, compute, parameters, output_bytes, last, a, b, transfer in entries:
             if at_least == 1 and one <= limit:
@@ -178,7 +180,7 @@ class PipeDreamCostModel:
                 continue
             r = math.ceil(bound) if bound > low else low
             gap = r - bound
-            if r > max_replicas or gap < 1e-9 * r or (r > low and gap > 1 - 1e-9 * r):
+            if r > max_replicas or gap < 1e-6 * r or (r > low and gap > 1 - 1e-6 * r):
                 # near a whole number: settle with the exact times
                 stage = (compute, parameters, input_bytes, output_bytes, first, last)
                 r = max(low, min(r, max_replicas + 1) - 1)
@@ -201,17 +203,21 @@ def _prepare(
         bandwidth, first = level.bandwidth, row.is_first
         within = level.workers_per_unit if first else 1
         transfer_in = 0.0 if first else (2.0 * row.input_bytes) / bandwidth
-        entries = []
-        for compute, parameters, output_bytes, last in zip(
-            row.compute_s, row.parameter_bytes, row.output_bytes, row.is_last
-        ):
-            # one replica: no all-reduce; (C + 0) / 1 == C exactly
-            transfer = transfer_in
-            if not first and not last:
-                transfer = max(transfer, (2.0 * output_bytes) / bandwidth)
-            one = compute if compute >= transfer else transfer
-            a = 4 * parameters / (bandwidth * within)
-            entries.append((one, compute, parameters, output_bytes, last, a, compute + a, transfer))
+        if first:
+            transfers = [0.0] * len(row)
+        else:  # the input, and the output of a middle stage; (2 O) / (B * 1) as in _time
+            transfers = [
+                transfer_in if last else max(transfer_in, (2.0 * out) / bandwidth)
+                for out, last in zip(row.output_bytes, row.is_last)
+            ]
+        scale = 4 / (bandwidth * within)
+        # one replica: no all-reduce, (C + 0) / 1 == C exactly; then max with the transfers
+        entries = [
+            (c if c >= t else t, c, p, o, last, scale * p, c + scale * p, t)
+            for c, p, o, last, t in zip(
+                row.compute_s, row.parameter_bytes, row.output_bytes, row.is_last, transfers
+            )
+        ]
         row.cache[key] = cached = entries
     return cached  # type: ignore[return-value]
 

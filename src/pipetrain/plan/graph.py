@@ -180,12 +180,17 @@ class CutGraph:
         return self.cuts[a] & ~self.cuts[b] == 0
 
 
+_BYTE_BITS = [tuple(k for k in range(8) if byte >> k & 1) for byte in range(256)]
+
+
 def _bit_indices(bits: int) -> list[int]:
-    out = []
-    while bits:
-        low = bits & -bits
-        out.append(low.bit_length() - 1)
-        bits ^= low
+    """The positions of the set bits of ``bits``, ascending (a byte at a time)."""
+    out: list[int] = []
+    base = 0
+    for byte in bits.to_bytes((bits.bit_length() + 7) // 8, "little"):
+        if byte:
+            out.extend(base + k for k in _BYTE_BITS[byte])
+        base += 8
     return out
 
 

@@ -54,7 +54,9 @@ class ReplicaCache:
         self._low: list[list[int] | None] = [None] * n
         self._high: list[list[int] | None] = [None] * n
         self._unstable: list[list[int] | None] = [None] * n  # None: not known
-        self._current: list[list[int] | None] = [None] * n
+        self._stale = [False] * n  # the list holds a superset: filter before use
+        self._current: list[list[int] | None] = [None] * n  # whole rows asked
+        self._partial: list[dict[int, int] | None] = [None] * n  # single entries asked
         self._current_limit = math.nan
         self.fresh_entries = 0
         """How many entries the model was asked about (for benchmarks)."""
@@ -72,19 +74,51 @@ class ReplicaCache:
             indices=indices,
         )
 
-    def row(self, a: int, time_limit: float) -> list[int]:
-        """The answers for row ``a`` at ``time_limit`` (the current probe's limit)."""
+    def _start(self, time_limit: float) -> None:
         if time_limit != self._current_limit:
             self._current = [None] * len(self.rows)
+            self._partial = [None] * len(self.rows)
             self._current_limit = time_limit
+
+    def lower(self, a: int, time_limit: float) -> list[int] | None:
+        """Lower bounds of row ``a``'s answers at ``time_limit`` (answers at a limit at
+        least as large), or None when there are none close enough to be worth it (within
+        25%). A 0 (no replica count fits) stays 0."""
+        high = self._high[a]
+        if high is None or not time_limit <= self._high_limit <= 1.25 * time_limit:
+            return None
+        return high
+
+    def exact(self, a: int, time_limit: float, indices: list[int]) -> list[int]:
+        """The answers for the entries ``indices`` of row ``a`` at ``time_limit``."""
+        self._start(time_limit)
+        low, high = self._low[a], self._high[a]
+        inside = low is not None and high is not None and self._low_limit < time_limit <= self._high_limit
+        answers = [-1] * len(indices)
+        ask = []
+        for j, k in enumerate(indices):
+            if inside and low[k] == high[k]:  # type: ignore[index]
+                answers[j] = high[k]  # type: ignore[index]
+            else:
+                ask.append(j)
+        if ask:
+            fresh = self._ask(self.rows[a], time_limit, [indices[j] for j in ask])
+            for j, r in zip(ask, fresh):
+                answers[j] = r
+        partial = self._partial[a]
+        if partial is None:
+            partial = self._partial[a] = {}
+        partial.update(zip(indices, answers))
+        return answers
+
+    def row(self, a: int, time_limit: float) -> list[int]:
+        """The answers for row ``a`` at ``time_limit`` (the current probe's limit)."""
+        self._start(time_limit)
         low, high = self._low[a], self._high[a]
         if low is None or high is None or not self._low_limit < time_limit <= self._high_limit:
             result = self._ask(self.rows[a], time_limit)
         else:
-            unstable = self._unstable[a]
-            if unstable is None:
-                unstable = [k for k, (x, y) in enumerate(zip(low, high)) if x != y]
-                self._unstable[a] = unstable
+            unstable = self._unstable_entries(a, low, high)
             if not unstable:
                 result = high
             else:
@@ -94,6 +128,16 @@ class ReplicaCache:
                     result[k] = r
         self._current[a] = result
         return result
+
+    def _unstable_entries(self, a: int, low: list[int], high: list[int]) -> list[int]:
+        """The entries of row ``a`` whose answers differ at the two ends."""
+        unstable = self._unstable[a]
+        if unstable is None:
+            unstable = [k for k, (x, y) in enumerate(zip(low, high)) if x != y]
+        elif self._stale[a]:
+            unstable = [k for k in unstable if low[k] != high[k]]
+        self._unstable[a], self._stale[a] = unstable, False
+        return unstable
 
     def events(self, low: float, high: float, *, budget: int) -> set[float] | None:
         """Every stage time in ``(low, high]`` at which an answer inside the current
@@ -108,11 +152,7 @@ class ReplicaCache:
             low_row, high_row = self._low[a], self._high[a]
             if low_row is None or high_row is None:
                 return None
-            unstable = self._unstable[a]
-            if unstable is None:
-                unstable = [k for k, (x, y) in enumerate(zip(low_row, high_row)) if x != y]
-                self._unstable[a] = unstable
-            for k in unstable:
+            for k in self._unstable_entries(a, low_row, high_row):
                 first = high_row[k]
                 last = low_row[k] - 1 if low_row[k] else self.max_replicas
                 calls += last - first + 1
@@ -127,23 +167,36 @@ class ReplicaCache:
 
     def settle(self, *, found: bool) -> None:
         """The probe at the current limit found a plan (``found``: later probes are at or
-        below it) or not (later probes are above it)."""
+        below it) or not (later probes are above it).
+
+        Its answers become that end of the bracket: whole rows as they are, single
+        entries over the end's previous answers (each entry then holds an answer at a
+        limit on the right side of every later probe, which is all reuse needs).
+        """
         limit = self._current_limit
         if math.isnan(limit):
             return
         nested = self._low_limit < limit <= self._high_limit
-        if found:
-            self._high, self._high_limit = self._current, limit
-        else:
-            self._low, self._low_limit = self._current, limit
+        side = self._high if found else self._low
         for a in range(len(self.rows)):
-            unstable = self._unstable[a]
-            low, high = self._low[a], self._high[a]
-            if low is None or high is None:
+            whole, partial = self._current[a], self._partial[a]
+            if whole is not None:
+                side[a] = whole
+            elif not nested:
+                side[a] = None
+            elif partial and side[a] is not None:
+                after = list(side[a])  # type: ignore[arg-type]
+                for k, r in partial.items():
+                    after[k] = r
+                side[a] = after
+            if self._low[a] is None or self._high[a] is None or not nested:
                 self._unstable[a] = None
-            elif nested and unstable is not None:
-                self._unstable[a] = [k for k in unstable if low[k] != high[k]]
-            else:
-                self._unstable[a] = None
+            elif whole is not None or partial:
+                self._stale[a] = True  # entries stable before stay stable: filter later
+        if found:
+            self._high_limit = limit
+        else:
+            self._low_limit = limit
         self._current = [None] * len(self.rows)
+        self._partial = [None] * len(self.rows)
         self._current_limit = math.nan

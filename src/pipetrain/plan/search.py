@@ -165,6 +165,13 @@ class FlatSearch:
         gather, seen, costs = self._gather, self._seen, self._costs
         for a in range(g.full - 1, -1, -1):
             ends = g.supersets(a)
+            if memory is None:
+                bounds = cache.lower(a, time_limit)
+                if bounds is not None:  # answers at a larger limit: exact ones only
+                    found = self._best_by_bounds(a, bounds, fewest, time_limit, big)
+                    if found is not None:
+                        fewest[a], choice[a] = found
+                    continue
             replicas = cache.row(a, time_limit)
             if replicas is not seen[a]:  # answers changed: 0 (none) counts as too many
                 seen[a], costs[a] = replicas, [r or big for r in replicas]
@@ -195,6 +202,31 @@ class FlatSearch:
             a = b
         return stages
 
+    def _best_by_bounds(
+        self, a: int, bounds: list[int], fewest: list[int], time_limit: float, big: int
+    ) -> tuple[int, tuple[int, int]] | None:
+        """Row ``a``'s fewest workers when ``bounds`` bound its answers from below: the
+        model is asked only about the stages whose bound could still win."""
+        if bounds is not self._seen[a]:
+            self._seen[a], self._costs[a] = bounds, [r or big for r in bounds]
+        totals = list(map(operator.add, self._costs[a], self._gather[a](fewest)))
+        floor = min(totals)
+        if floor >= big:
+            return None
+        ends, cache = self.graph.supersets(a), self.fewest
+        best, pick = big, (0, 0)
+        value = floor  # ask about the stages by bound, one bound value at a time
+        while value < best:
+            candidates = _positions(totals, value)
+            for k, r in zip(candidates, cache.exact(a, time_limit, candidates)):
+                total = r + fewest[ends[k]] if r else big
+                if total < best or (total == best and k < pick[0]):
+                    best, pick = total, (k, r)
+            value += 1
+        if best >= big:
+            return None
+        return best, (ends[pick[0]], pick[1])
+
     def guess(self, time_limit: float, plan: Stages | None) -> float:
         """Where the last :meth:`probe_fewest` calls suggest the optimum lies: workers
         needed against the limit, interpolated on a log-log line through the last probe
@@ -212,9 +244,12 @@ class FlatSearch:
         if self._infeasible is None or self._feasible is None:
             return single
         (t1, n1), (t2, n2) = self._infeasible, self._feasible
-        if not (math.isfinite(t1) and math.isfinite(t2)) or n1 == n2 or t1 == t2 or n2 < 1:
+        if not (math.isfinite(t1) and math.isfinite(t2) and t1 > 0 and t2 > 0) or n2 < 1:
             return single
-        slope = (math.log(n1) - math.log(n2)) / (math.log(t1) - math.log(t2))
+        run = math.log(t1) - math.log(t2)
+        if run == 0 or n1 == n2:
+            return single
+        slope = (math.log(n1) - math.log(n2)) / run
         if slope >= 0:
             return single
         estimate: float = t2 * (workers / n2) ** (1 / slope)
@@ -338,6 +373,19 @@ class FlatSearch:
             if self.fits(padded, time_limit):
                 return padded
         return None
+
+
+def _positions(values: list[int], value: int) -> list[int]:
+    """Where ``value`` occurs in ``values`` (scanned in C by ``list.index``)."""
+    found = []
+    start = 0
+    try:
+        while True:
+            start = values.index(value, start)
+            found.append(start)
+            start += 1
+    except ValueError:
+        return found
 
 
 def _gatherer(ends: Sequence[int]) -> Callable[[list[int]], Sequence[int]]:
