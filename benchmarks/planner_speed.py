@@ -99,10 +99,10 @@ def wide_dag(num_nodes: int, seed: int = 0, width: int = 3) -> Profile:
 
 def run(name: str, profile: Profile, config: PlannerConfig) -> None:
     started = time.perf_counter()
-    graph = CutGraph(profile, max_cuts=config.max_cuts)
-    pairs = sum(len(graph.supersets(c)) for c in range(graph.num_cuts))
     plan = make_plan(profile, config)
     seconds = time.perf_counter() - started
+    graph = CutGraph(profile, max_cuts=config.max_cuts)  # for the counts printed
+    pairs = sum(len(graph.supersets(c)) for c in range(graph.num_cuts))
     print(
         f"{name:<44} {profile.num_layers:>5} nodes {graph.num_cuts:>6} cuts {pairs:>9} pairs "
         f"{config.topology.describe():<32} {seconds:7.2f} s   {plan.num_stages:>3} stages, "

@@ -36,7 +36,10 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from pipetrain.plan.costs import LevelContext, StageLoad, StageRow
 
@@ -145,11 +148,17 @@ class PipeDreamCostModel:
         limit = time_limit
         if limit == math.inf:
             return [at_least] * n
-        entries = _prepare(row, level)
+        prepared = _prepare(row, level)
+        columns = (
+            prepared.one, row.compute_s, row.parameter_bytes, row.output_bytes, row.is_last,
+            prepared.a, prepared.b, prepared.transfer,
+        )
         if indices is not None:
-            entries = [entries[k] for k in indices]
+            columns = tuple([column[k] for k in indices] for column in columns)  # type: ignore[assignment]
         if max_replicas == 1:
-            return [1 if one <= limit else 0 for one, *_ in entries]
+            return [1 if one <= limit else 0 for one in columns[0]]
+        entries: Iterable[tuple[float, float, float, float, bool, float, float, float]]
+        entries = zip(*columns)
         bandwidth, first = level.bandwidth, row.is_first
         within = level.workers_per_unit if first else 1
         input_bytes = row.input_bytes
@@ -192,11 +201,9 @@ class PipeDreamCostModel:
         return out
 
 
-def _prepare(
-    row: StageRow, level: LevelContext
-) -> list[tuple[float, float, float, float, bool, float, float, float]]:
-    """Per entry: the time on one replica, C, P, O_out, last, a = 4P / (B w), b = C + a,
-    and the transfer numerator (the transfer time on one replica)."""
+def _prepare(row: StageRow, level: LevelContext) -> _Prepared:
+    """Per entry, in columns: the time on one replica, ``a = 4P / (B w)``, ``b = C + a``,
+    and the transfer time on one replica (the input, and the output of a middle stage)."""
     key = ("pipedream", level.bandwidth, level.workers_per_unit)
     cached = row.cache.get(key)
     if cached is None:
@@ -204,22 +211,32 @@ def _prepare(
         within = level.workers_per_unit if first else 1
         transfer_in = 0.0 if first else (2.0 * row.input_bytes) / bandwidth
         if first:
-            transfers = [0.0] * len(row)
-        else:  # the input, and the output of a middle stage; (2 O) / (B * 1) as in _time
-            transfers = [
+            transfers = array("d", bytes(8 * len(row)))
+        else:  # (2 O) / (B * 1), as _time computes it for one replica
+            transfers = array("d", [
                 transfer_in if last else max(transfer_in, (2.0 * out) / bandwidth)
                 for out, last in zip(row.output_bytes, row.is_last)
-            ]
+            ])
         scale = 4 / (bandwidth * within)
+        alls = array("d", [scale * p for p in row.parameter_bytes])
         # one replica: no all-reduce, (C + 0) / 1 == C exactly; then max with the transfers
-        entries = [
-            (c if c >= t else t, c, p, o, last, scale * p, c + scale * p, t)
-            for c, p, o, last, t in zip(
-                row.compute_s, row.parameter_bytes, row.output_bytes, row.is_last, transfers
-            )
-        ]
-        row.cache[key] = cached = entries
-    return cached  # type: ignore[return-value]
+        cached = _Prepared(
+            one=array("d", map(max, row.compute_s, transfers)),
+            a=alls,
+            b=array("d", map(operator.add, row.compute_s, alls)),
+            transfer=transfers,
+        )
+        row.cache[key] = cached
+    assert isinstance(cached, _Prepared)
+    return cached
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    one: array[float]
+    a: array[float]
+    b: array[float]
+    transfer: array[float]
 
 
 def _held(row: StageRow) -> list[float]:

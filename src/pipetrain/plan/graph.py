@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from pipetrain.plan.costs import StageLoad
 from pipetrain.plan.profile import Profile
 
 __all__ = ["DEFAULT_MAX_CUTS", "CutGraph"]
@@ -174,6 +175,21 @@ class CutGraph:
         ``activation_bytes``, ``weight_memory_bytes``, ``saved_bytes``) over a stage."""
         values = self.sums[name]
         return values[b] - values[a]
+
+    def load(self, a: int, b: int) -> StageLoad:
+        """The stage between cuts ``a`` and ``b`` (``a`` strictly inside ``b``): its sums,
+        the bytes crossing its two cuts (none after the last node), first, last."""
+        return StageLoad(
+            compute_s=self.stage_sum("compute_s", a, b),
+            parameter_bytes=self.stage_sum("parameter_bytes", a, b),
+            activation_bytes=self.stage_sum("activation_bytes", a, b),
+            input_bytes=self.boundary[a],
+            output_bytes=0.0 if b == self.full else self.boundary[b],
+            is_first=a == 0,
+            is_last=b == self.full,
+            weight_memory_bytes=self.stage_sum("weight_memory_bytes", a, b),
+            saved_bytes=self.stage_sum("saved_bytes", a, b),
+        )
 
     def contains(self, a: int, b: int) -> bool:
         """Whether cut ``a`` is a subset of cut ``b``."""

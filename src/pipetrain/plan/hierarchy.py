@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -79,21 +80,13 @@ class _Levels:
         self.inner: dict[tuple[int, int], float] = {}
 
     def load(self, level: int, a: int, b: int, first: bool) -> StageLoad | None:
+        """The stage ``a..b`` at ``level``: at level 0 its nodes' compute, above it the
+        segment's best inner pipeline (None: there is none)."""
         g = self.g
         compute = g.stage_sum("compute_s", a, b) if level == 0 else self.inner[(a, b)]
         if compute == _INF:
             return None
-        return StageLoad(
-            compute_s=compute,
-            parameter_bytes=g.stage_sum("parameter_bytes", a, b),
-            activation_bytes=g.stage_sum("activation_bytes", a, b),
-            input_bytes=g.boundary[a],
-            output_bytes=0.0 if b == g.full else g.boundary[b],
-            is_first=first,
-            is_last=b == g.full,
-            weight_memory_bytes=g.stage_sum("weight_memory_bytes", a, b),
-            saved_bytes=g.stage_sum("saved_bytes", a, b),
-        )
+        return dataclasses.replace(g.load(a, b), compute_s=compute, is_first=first)
 
     def times(self, level: int, a: int, b: int, first: bool) -> list[float]:
         """Index r: the stage's time with r replicas (index 0 unused)."""

@@ -275,10 +275,6 @@ def _hierarchical(
             f"no straight plan fits {topology.describe()}: each level needs as many "
             f"stages as it has units; add --fewer-workers or drop --straight"
         )
-    flat = FlatSearch(
-        graph, model=model, level=LevelContext(bandwidth=topology.levels[0].bandwidth),
-        num_workers=topology.num_workers,
-    )
     replicas = [math.prod(s.replicas_per_level) for s in result.stages]
     after = sum(replicas)
     plan_stages = []
@@ -289,14 +285,18 @@ def _hierarchical(
                 nodes=_node_ids(profile, graph.nodes_between(a, b)),
                 replicas=r,
                 time=None,
-                memory_per_worker=flat.stage_memory(a, b, r, after),
+                memory_per_worker=model.stage_memory(
+                    graph.load(a, b), replicas=r, workers_from_stage=after
+                ),
                 replicas_per_level=stage.replicas_per_level,
                 outer_stage=stage.outer_stage,
             )
         )
         after -= r
-    data_parallel = graph.stage_sum("compute_s", 0, graph.full)
-    whole = flat.load(0, graph.full)
+    whole = graph.load(0, graph.full)
+    single = model.stage_time(whole, replicas=1, level=LevelContext(
+        bandwidth=topology.levels[0].bandwidth))
+    data_parallel = whole.compute_s
     for k, lv in enumerate(topology.levels):
         context = LevelContext(
             bandwidth=lv.bandwidth,
@@ -313,7 +313,7 @@ def _hierarchical(
         topology=topology.to_dict(),
         straight=config.straight,
         fewer_workers=config.fewer_workers,
-        single_worker_time=flat.stage_time(0, graph.full, 1),
+        single_worker_time=single,
         data_parallel_time=data_parallel,
         profile=profile_identity(profile),
     )

@@ -121,6 +121,8 @@ class ReplicaCache:
             unstable = self._unstable_entries(a, low, high)
             if not unstable:
                 result = high
+            elif 2 * len(unstable) > len(high):  # most of the row: ask for all of it
+                result = self._ask(self.rows[a], time_limit)
             else:
                 result = list(high)
                 answers = self._ask(self.rows[a], time_limit, unstable)

@@ -112,18 +112,7 @@ class FlatSearch:
 
     def load(self, a: int, b: int) -> StageLoad:
         """The stage between cuts ``a < b``."""
-        g = self.graph
-        return StageLoad(
-            compute_s=g.stage_sum("compute_s", a, b),
-            parameter_bytes=g.stage_sum("parameter_bytes", a, b),
-            activation_bytes=g.stage_sum("activation_bytes", a, b),
-            input_bytes=g.boundary[a],
-            output_bytes=0.0 if b == g.full else g.boundary[b],
-            is_first=a == 0,
-            is_last=b == g.full,
-            weight_memory_bytes=g.stage_sum("weight_memory_bytes", a, b),
-            saved_bytes=g.stage_sum("saved_bytes", a, b),
-        )
+        return self.graph.load(a, b)
 
     def stage_time(self, a: int, b: int, r: int) -> float:
         return self.model.stage_time(self.load(a, b), replicas=r, level=self.level)
