@@ -51,6 +51,10 @@ def minimize(
     ``events(low, high)`` may list every value in it where a probe's answer can change,
     and the search finishes by bisecting that list. It ends with a certificate: no plan
     is strictly below the answer. None when ``probe(inf)`` finds nothing.
+
+    Example:
+        >>> minimize(lambda limit: 3.0 if limit >= 3.0 else None, lambda plan: plan)
+        (3.0, 3.0)
     """
     if below > 0:  # often the answer itself
         found = probe(below)

@@ -32,7 +32,12 @@ DEFAULT_COST_MODEL = "pipedream"
 
 
 def get_cost_model(name: str) -> CostModel:
-    """The cost model called ``name``; ValueError naming the known ones otherwise."""
+    """The cost model called ``name``; ValueError naming the known ones otherwise.
+
+    Example:
+        >>> type(get_cost_model("pipedream")).__name__
+        'PipeDreamCostModel'
+    """
     if name not in _COST_MODELS:
         raise ValueError(
             f"unknown cost model {name!r}; known: {', '.join(COST_MODEL_NAMES)} "

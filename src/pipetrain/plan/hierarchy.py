@@ -252,5 +252,14 @@ def solve_hierarchy(
     fewer_workers: bool = False,
 ) -> HierarchyResult | None:
     """The best plan over ``topology``'s levels (see the module docstring), or None when no
-    plan exists (a straight pipeline longer than the model)."""
+    plan exists (a straight pipeline longer than the model).
+
+    Example:
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.costs_pipedream import PipeDreamCostModel
+        >>> one = Profile(layers=(LayerProfile(name="0", forward_s=8.0, backward_s=0.0),))
+        >>> solve_hierarchy(CutGraph(one), model=PipeDreamCostModel(),
+        ...                 topology=Topology.from_lists([2, 2], [1e9, 1e9])).time
+        2.0
+    """
     return _Levels(graph, model, topology, straight, fewer_workers).solve()

@@ -96,6 +96,12 @@ def make_plan(profile: Profile, config: PlannerConfig, *, model: CostModel | Non
     ``model`` overrides ``config.cost_model`` (for a model that is not registered).
     Raises ValueError for plans that cannot exist, naming the fix (the smallest memory
     limit that fits, the most workers a straight pipeline can take).
+
+    Example:
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> one = Profile(layers=(LayerProfile(name="0", forward_s=1.0, backward_s=0.0),))
+        >>> make_plan(one, PlannerConfig(topology=Topology.flat(4, 1e9))).time_per_step
+        0.25
     """
     model = model if model is not None else get_cost_model(config.cost_model)
     graph = CutGraph(profile, max_cuts=config.max_cuts)

@@ -113,7 +113,14 @@ class PlanStage:
 
 
 def profile_identity(profile: Profile) -> dict[str, Any]:
-    """What a plan records about the profile it was made from (a digest of its JSON)."""
+    """What a plan records about the profile it was made from (a digest of its JSON).
+
+    Example:
+        >>> from pipetrain.plan.profile import LayerProfile
+        >>> one = Profile(layers=(LayerProfile(name="0", forward_s=1.0, backward_s=0.0),))
+        >>> profile_identity(one)["num_nodes"], profile_identity(one)["digest"][:7]
+        (1, 'sha256:')
+    """
     digest = hashlib.sha256(profile.to_json().encode()).hexdigest()
     return {
         "source": profile.source,

@@ -28,7 +28,12 @@ __all__ = ["describe_nodes", "render_plan"]
 
 def describe_nodes(nodes: Sequence[str | int]) -> str:
     """A short description of a stage's nodes: ``layers 0-16 (17)`` for layer indices
-    that run consecutively, the ids for a few nodes, ``first .. last (N nodes)`` else."""
+    that run consecutively, the ids for a few nodes, ``first .. last (N nodes)`` else.
+
+    Example:
+        >>> describe_nodes([3, 4, 5]), describe_nodes(["a", "c"]), describe_nodes(list("abcde"))
+        ('layers 3-5 (3)', 'a, c', 'a .. e (5 nodes)')
+    """
     if all(isinstance(node, int) for node in nodes):
         ints = [int(node) for node in nodes]
         if len(ints) == 1:
