@@ -203,7 +203,7 @@ def _memory_advice(
     return (
         f"no plan on {workers} workers fits the memory limit of {limit:.6g} bytes per "
         f"worker; the smallest limit that fits is {smallest[1]:.6g} bytes (give --memory "
-        f"{math.ceil(smallest[1])} or more, or more workers)"
+        f"{math.ceil(smallest[1])} or more)"
     )
 
 
