@@ -15,6 +15,7 @@ _COMMANDS = {
     "train": "pipetrain.cli.train",
     "simulate": "pipetrain.cli.simulate",
     "sample": "pipetrain.cli.sample",
+    "plan": "pipetrain.cli.plan",
 }
 
 

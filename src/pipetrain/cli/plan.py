@@ -1,0 +1,136 @@
+"""``pipetrain plan``: cut a profiled model into stages and replicas for a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pipetrain.plan.cost_models import COST_MODEL_NAMES, DEFAULT_COST_MODEL
+from pipetrain.plan.optimizer import PlannerConfig, make_plan
+from pipetrain.plan.pipedream_format import parse_pipedream_graph
+from pipetrain.plan.profile import Profile
+from pipetrain.plan.table import render_plan
+from pipetrain.plan.topology import Topology
+
+__all__ = ["add_parser", "load_profile", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``plan`` sub-command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "plan",
+        help="partition a profiled model into replicated stages for a cluster",
+        description=(
+            "Find the stages (sets of layers or graph nodes) and the workers of each "
+            "stage that minimize the predicted time per step on a cluster, exactly, and "
+            "print the plan; --out writes it for 'pipetrain train --plan'."
+        ),
+    )
+    parser.add_argument(
+        "--profile",
+        required=True,
+        metavar="FILE",
+        help="a pipetrain profile (JSON) or a PipeDream profile (graph.txt)",
+    )
+    parser.add_argument(
+        "--workers",
+        required=True,
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="workers; several values are topology levels, innermost first "
+             "(8 4: 4 servers of 8 GPUs)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        required=True,
+        type=float,
+        nargs="+",
+        metavar="B",
+        help="bytes per second between the workers of each level, innermost first "
+             "(300e9 25e9)",
+    )
+    parser.add_argument(
+        "--memory",
+        type=float,
+        metavar="BYTES",
+        help="memory per worker the plan must fit in (one-level topologies)",
+    )
+    parser.add_argument(
+        "--straight", action="store_true", help="no replication: one worker per stage"
+    )
+    parser.add_argument(
+        "--fewer-workers",
+        action="store_true",
+        help="may leave workers idle when that is faster (default: use them all)",
+    )
+    parser.add_argument(
+        "--cost-model",
+        default=DEFAULT_COST_MODEL,
+        metavar="NAME",
+        help=f"one of {', '.join(COST_MODEL_NAMES)} (default {DEFAULT_COST_MODEL})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    parser.add_argument("--out", metavar="FILE", help="also write the plan file here")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def load_profile(path: str) -> Profile:
+    """A pipetrain JSON profile or a PipeDream ``graph.txt``, told apart by content."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    if text.lstrip().startswith("{"):
+        profile = Profile.from_json(text)
+        if "path" not in profile.metadata:
+            profile.metadata["path"] = path
+        return profile
+    return parse_pipedream_graph(text, name=path)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``pipetrain plan``; 2 on bad input (message on stderr)."""
+    try:
+        profile = load_profile(args.profile)
+    except OSError as error:
+        return _fail(f"cannot read --profile {args.profile!r}: {error.strerror or error}")
+    except ValueError as error:
+        return _fail(f"--profile {args.profile!r}: {error}")
+    try:
+        topology = Topology.from_lists(
+            args.workers, args.bandwidth, spell=("--workers", "--bandwidth")
+        )
+        config = PlannerConfig(
+            topology=topology,
+            cost_model=args.cost_model,
+            memory_limit=args.memory,
+            straight=args.straight,
+            fewer_workers=args.fewer_workers,
+        )
+        plan = make_plan(profile, config)
+    except ValueError as error:
+        return _fail(str(error))
+    if args.out:
+        try:
+            plan.save(args.out)
+        except OSError as error:
+            return _fail(f"cannot write --out {args.out!r}: {error.strerror or error}")
+    if args.json:
+        sys.stdout.write(json.dumps(plan.to_dict()) + "\n")
+        return 0
+    where = profile.metadata.get("path") or args.profile
+    sys.stdout.write(
+        f"plan for {where} ({profile.num_layers} {'layers' if profile.is_sequence else 'nodes'}) "
+        f"on {topology.describe()}\n\n"
+        + render_plan(plan)
+        + (f"\nplan written to {args.out}" if args.out else "")
+        + "\n"
+    )
+    return 0
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"pipetrain plan: error: {message}\n")
+    return 2

@@ -1,0 +1,121 @@
+"""``pipetrain plan`` (``pipetrain/cli/plan.py``), run in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipetrain.cli.main import main
+from pipetrain.plan.plan_file import Plan
+
+from .helpers import chain
+
+# A small PipeDream profile: an Input, a chain of three layers, an unused tuple item.
+GRAPH = "\n".join([
+    "node1 -- Input -- forward_compute_time=50.0, backward_compute_time=0.000, activation_size=100.0, parameter_size=0.000",
+    "node2 -- Conv2d(3, 64) -- forward_compute_time=100.0, backward_compute_time=200.0, activation_size=1000000000.0, parameter_size=1000.000",
+    "node3 -- Linear(64, 64) -- forward_compute_time=50.0, backward_compute_time=50.0, activation_size=[1000.0; 1000.0], parameter_size=400000000.000",
+    "node4 -- Linear(64, 10) -- forward_compute_time=50.0, backward_compute_time=50.0, activation_size=10.0, parameter_size=1000.000",
+    "node5 -- __getitem__(1) -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=10.0, parameter_size=0.000",
+    "\tnode1 -- node2",
+    "\tnode2 -- node3",
+    "\tnode3 -- node4",
+    "\tnode3 -- node5",
+])
+
+
+@pytest.fixture
+def graph_file(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.txt"
+    path.write_text(GRAPH + "\n")
+    return path
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["plan", *argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object
+    data: dict[str, object] = json.loads(out)
+    return data
+
+
+def test_json_for_a_pipedream_profile(graph_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--profile", str(graph_file), "--workers", "4", "--bandwidth", "1e9")
+    # node2 and node3 on one worker: 0.3 + 0.1 s. Replicating them costs more than it saves
+    # (node3's 400 MB all-reduce), and cutting after node2 sends 1 GB (2 s); the 3 other
+    # workers, all of which must be used, go to node4.
+    assert data["time_per_step"] == pytest.approx(0.4)
+    stages = data["stages"]
+    assert isinstance(stages, list)
+    assert [(s["nodes"], s["replicas"]) for s in stages] == [(["node2", "node3"], 1),
+                                                            (["node4"], 3)]
+    assert data["cost_model"] == "pipedream" and data["num_workers"] == 4
+    assert data["single_worker_time"] == pytest.approx(0.5)
+
+
+def test_straight_json_matches_hand_computation(
+    graph_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 3 stages of one layer: node3 receives 1 GB (2 s at 1 GB/s), the slowest term
+    data = _json(capsys, "--profile", str(graph_file), "--workers", "3", "--bandwidth", "1e9",
+                 "--straight")
+    assert [s["nodes"] for s in data["stages"]] == [["node2"], ["node3"], ["node4"]]  # type: ignore[union-attr]
+    assert data["time_per_step"] == pytest.approx(2.0)
+
+
+def test_table_and_plan_file(
+    graph_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2",
+                 "--bandwidth", "1e10", "1e9", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 x 2 workers" in text and "predicted time per step:" in text
+    assert "speedup:" in text and f"plan written to {out}" in text
+    plan = Plan.load(out)
+    assert plan.num_workers == 4 and plan.topology["levels"][1]["num_workers"] == 2
+    assert sum(s.replicas for s in plan.stages) == 4
+
+
+def test_json_profile_of_a_layer_sequence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "profile.json"
+    chain([1, 2, 3, 4]).save(path)
+    data = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                 "--straight")
+    assert [s["nodes"] for s in data["stages"]] == [[0, 1, 2], [3]]  # type: ignore[union-attr]
+    assert data["time_per_step"] == 6.0
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--cost-model", "fastest"], "unknown cost model 'fastest'; known: pipedream, pipetrain"),
+    (["--straight", "--workers", "5"], "a straight pipeline on 5 workers needs 5 stages"),
+    (["--memory", "1e6"], "the smallest limit that fits is"),
+    (["--workers", "2", "2"], "--workers has 2 value(s) [2, 2] but --bandwidth has 1"),
+])
+def test_bad_input_exits_2_with_the_fix(
+    graph_file: Path, capsys: pytest.CaptureFixture[str], extra: list[str], expected: str
+) -> None:
+    argv = ["plan", "--profile", str(graph_file), "--workers", "2", "--bandwidth", "1e9"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipetrain plan: error: ") and expected in err
+
+
+def test_profile_with_a_missing_field_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "graph.txt"
+    path.write_text(GRAPH.replace(", parameter_size=400000000.000", ""))
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9"]) == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and "missing field(s) parameter_size" in err
+
+
+def test_missing_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nope.txt"
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9"]) == 2
+    assert "cannot read --profile" in capsys.readouterr().err
