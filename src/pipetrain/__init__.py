@@ -23,6 +23,7 @@ _LAZY_NAMES = {
     "is_recomputing": "pipetrain.checkpoint",
     "Pipeline": "pipetrain.api.pipeline",
     "PipelineConfig": "pipetrain.api.config",
+    "config_from_plan": "pipetrain.api.plan_config",
     "init_distributed": "pipetrain.runtime.process_group",
 }
 # torchgpipe-compatible submodules: ``pipetrain.skip``, ``pipetrain.balance``, ...
