@@ -70,9 +70,11 @@ def run(args: argparse.Namespace) -> int:
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
+    from pipetrain.cli.train_layout import num_workers
+
     argv = _argv_with_out(sys.argv[1:], args.out)
     try:
-        launch_local(args.stages * args.replicas, argv)
+        launch_local(num_workers(args), argv)
     except LaunchError as error:
         return _fail([error.worker_message or str(error)], 2 if error.exitcode == 2 else 1)
     except LaunchInterrupted as error:

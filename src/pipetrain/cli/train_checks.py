@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipetrain.cli.run_folder import read_json, resume_source
+from pipetrain.cli.train_layout import layout_problems
 from pipetrain.cli.train_options import (
     MODEL_OPTIONS,
     RUN_OPTIONS,
@@ -100,7 +101,9 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     from pipetrain.api.config import config_problems
     from pipetrain.data import load_corpus
 
-    problems = config_problems(pipeline_fields(args), spell=flag)
+    problems = layout_problems(args)
+    if args.plan is None:
+        problems += config_problems(pipeline_fields(args), spell=flag)
     if args.width % args.heads:
         fitting = max(h for h in range(1, args.heads + 1) if args.width % h == 0)
         problems.append(
@@ -110,14 +113,14 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     virtual = stages_per_rank(args)
     num_layers = args.layers + 2
     stages = args.stages * virtual
-    if stages > num_layers:
+    if stages > num_layers and args.plan is None:
         problems.append(
             f"more stages than layers: {stages} stages for {num_layers} layers (embedding, "
             f"{args.layers} blocks, head); fix: --stages {max(1, num_layers // virtual)} "
             f"or --layers {stages - 2}"
         )
     per_replica = args.batch_size // args.replicas
-    if per_replica < args.microbatches:
+    if per_replica < args.microbatches and args.plan is None:
         problems.append(
             f"--batch-size {args.batch_size} gives each of the {args.replicas} replica(s) "
             f"{per_replica} sequences, too few for --microbatches {args.microbatches} (each "

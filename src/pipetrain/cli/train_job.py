@@ -23,10 +23,12 @@ import torch.distributed as dist
 
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
+from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.run_folder import new_run_problem, write_json
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
-from pipetrain.cli.train_options import flag, gpt_config, pipeline_config, recorded
+from pipetrain.cli.train_layout import AUTO, run_config
+from pipetrain.cli.train_options import flag, gpt_config, recorded
 from pipetrain.cli.train_records import RunRecords
 from pipetrain.cli.worker_errors import RunStopped, UsageError, report_failure
 from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
@@ -78,6 +80,9 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
+        balance = None
+        if args.balance == AUTO:
+            balance = agree_on_balance(args, model_config, dataset, device=context.device)
         pipe = Pipeline(
             gpt_layer_factories(model_config, seed=args.seed),
             loss_fn=gpt_loss,
@@ -86,7 +91,7 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                 opt, lr_factor(args.warmup, args.steps)),
             ties=gpt_ties(model_config),
-            config=pipeline_config(args),
+            config=run_config(args, balance=balance),
             context=context,
         )
         try:

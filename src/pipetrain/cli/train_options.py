@@ -119,6 +119,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="stages per rank for interleaved-1f1b (default 2)")
     add(layout, "--checkpoint", default="never", choices=("always", "except_last", "never"),
         help="re-materialization mode (default never)")
+    add(layout, "--balance", default=None, metavar="auto|N,N,...",
+        help="layers per stage (embedding, blocks and head count as layers), or 'auto': "
+             "profile the model and let the planner cut it (default: even split)")
+    add(layout, "--plan", default=None, metavar="FILE",
+        help="run a plan of `pipetrain plan` (its stages, replicas per stage and, when it "
+             "chose them, schedule, micro-batches and checkpoint mode)")
     training = parser.add_argument_group("training")
     add(training, "--steps", type=_positive_int, default=1000,
         help="train up to this step (default 1000; with --resume, the total to reach)")
