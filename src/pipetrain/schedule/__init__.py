@@ -27,7 +27,7 @@ from pipetrain.schedule.gpipe import gpipe
 from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.looped_bfs import looped_bfs
-from pipetrain.schedule.lowering import add_communication, add_optimizer_step
+from pipetrain.schedule.lowering import add_communication, add_optimizer_step, complete_lowering
 from pipetrain.schedule.one_f_one_b import one_f_one_b
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.registry import (
@@ -42,6 +42,7 @@ from pipetrain.schedule.registry import (
     schedule_placement,
     stages_per_rank_range,
 )
+from pipetrain.schedule.schedule_file import load_schedule, parse_schedule
 from pipetrain.schedule.simulate import SimulationResult, simulate
 from pipetrain.schedule.timeline import render_timeline
 from pipetrain.schedule.validate import ScheduleError, find_problems, validate
@@ -68,6 +69,7 @@ __all__ = [
     "add_optimizer_step",
     "build_schedule",
     "canonical_name",
+    "complete_lowering",
     "default_stages_per_rank",
     "dualpipe_v",
     "find_problems",
@@ -76,11 +78,13 @@ __all__ = [
     "get_generator",
     "gpipe",
     "interleaved_1f1b",
+    "load_schedule",
     "loop_placement",
     "looped_bfs",
     "one_f_one_b",
     "parse_action",
     "parse_actions",
+    "parse_schedule",
     "render_grid",
     "render_timeline",
     "schedule_placement",
