@@ -16,7 +16,14 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipetrain.schedule import Schedule, canonical_name, complete_lowering, load_schedule, validate
+from pipetrain.schedule import (
+    Schedule,
+    ScheduleError,
+    canonical_name,
+    complete_lowering,
+    load_schedule,
+    validate,
+)
 
 __all__ = ["is_schedule_file", "resolve_user_schedule", "user_schedule_problems"]
 
@@ -70,9 +77,15 @@ def resolve_user_schedule(value: object) -> Schedule | None:
         pass
     else:
         schedule = schedule.replace_actions(schedule.actions, name=f"user-{schedule.name}")
-    schedule = complete_lowering(schedule)
-    validate(schedule)
-    return schedule
+    lowered = complete_lowering(schedule)
+    try:
+        validate(lowered)
+    except ScheduleError as error:
+        if lowered == schedule:
+            raise
+        raise ValueError(f"{error}\nthe positions count from 0 in the lists as lowered (the "
+                         f"library added the sends, receives and steps):\n{lowered}") from None
+    return lowered
 
 
 def user_schedule_problems(schedule: Schedule, values: Mapping[str, Any],
