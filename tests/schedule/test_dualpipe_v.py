@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from pipetrain.schedule import (
@@ -40,7 +42,7 @@ def _pairs(actions: tuple[Action, ...]) -> int:
     return sum(
         a.op is Op.FORWARD and b.op is Op.BACKWARD and a.stage != b.stage
         and a.microbatch != b.microbatch
-        for a, b in zip(actions, actions[1:])
+        for a, b in itertools.pairwise(actions)
     )
 
 

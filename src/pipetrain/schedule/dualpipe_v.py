@@ -9,7 +9,7 @@ from pipetrain.schedule.rank_plan import RankPlan
 
 __all__ = ["dualpipe_v"]
 
-F, B, I = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT
+FWD, FULL, INPUT = Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT
 
 
 def dualpipe_v(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -55,25 +55,25 @@ def dualpipe_v(num_ranks: int, num_microbatches: int) -> Schedule:
     for r in range(k):
         down, up = r, 2 * k - 1 - r
         plan = RankPlan(num_microbatches)
-        plan.run([(down, F)] * (2 * (k - r - 1)))
-        plan.run([(down, F), (up, F)] * (r + 1))
+        plan.run([(down, FWD)] * (2 * (k - r - 1)))
+        plan.run([(down, FWD), (up, FWD)] * (r + 1))
         for _ in range(k - r - 1):
-            plan.add(up, I)
+            plan.add(up, INPUT)
             plan.weight()
-            plan.add(up, F)
-        plan.run([(down, F), (up, B), (up, F), (down, B)] * (m - 2 * k + r + 1))
-        plan.run([(up, B), (up, F), (down, B)] * (k - r - 1))
+            plan.add(up, FWD)
+        plan.run([(down, FWD), (up, FULL), (up, FWD), (down, FULL)] * (m - 2 * k + r + 1))
+        plan.run([(up, FULL), (up, FWD), (down, FULL)] * (k - r - 1))
         # from the middle round on (the up stage's turn first on odd ranks) the backward
         # is split, and the weight gradients fill the tail
         split = False
         for step in range(r + 1):
             split = split or (step == (r + 1) // 2 and r % 2 == 1)
-            plan.add(up, I if split else B)
+            plan.add(up, INPUT if split else FULL)
             split = split or (step == (r + 1) // 2 and r % 2 == 0)
-            plan.add(down, I if split else B)
+            plan.add(down, INPUT if split else FULL)
         for _ in range(k - r - 1):
             plan.weight()
-            plan.add(down, I if split else B)
+            plan.add(down, INPUT if split else FULL)
         while plan.owed:
             plan.weight()
         actions.append(plan.actions)

@@ -9,7 +9,7 @@ from pipetrain.schedule.rank_plan import RankPlan
 
 __all__ = ["zb_v"]
 
-F, I, W = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
+FWD, INPUT, WEIGHT = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
 
 
 def zb_v(num_ranks: int, num_microbatches: int) -> Schedule:
@@ -53,16 +53,16 @@ def zb_v(num_ranks: int, num_microbatches: int) -> Schedule:
     for r in range(k):
         down, up = r, 2 * k - 1 - r
         plan = RankPlan(num_microbatches)
-        plan.run([(down, F)] * (2 * (k - r) - 1))
-        plan.run([(up, F), (down, F)] * r)
-        plan.run([(up, F), (up, I), (up, W)] * (k - r))
+        plan.run([(down, FWD)] * (2 * (k - r) - 1))
+        plan.run([(up, FWD), (down, FWD)] * r)
+        plan.run([(up, FWD), (up, INPUT), (up, WEIGHT)] * (k - r))
         for step in range(m - k):
             if step < m - 2 * k + 1 + r:  # forwards of the way down left
-                plan.add(down, F)
-            plan.run([(down, I), (down, W), (up, F), (up, I), (up, W)])
-        plan.run([(down, I), (up, I)] * r)
-        plan.run([(down, I), (down, W)] * (k - r))
-        plan.run([(up, W)] * r + [(down, W)] * r)
+                plan.add(down, FWD)
+            plan.run([(down, INPUT), (down, WEIGHT), (up, FWD), (up, INPUT), (up, WEIGHT)])
+        plan.run([(down, INPUT), (up, INPUT)] * r)
+        plan.run([(down, INPUT), (down, WEIGHT)] * (k - r))
+        plan.run([(up, WEIGHT)] * r + [(down, WEIGHT)] * r)
         actions.append(plan.actions)
     return Schedule(
         name="zb-v",
