@@ -67,6 +67,18 @@ def test_back_to_back_steps_add_exactly_their_work(num_stages: int, num_microbat
     assert h1 - simulate(zb_h1(k, m), UNIFORM).makespan == 2 * (3 * m + k - 1)
 
 
+@pytest.mark.parametrize(
+    "num_stages, num_microbatches, h1, h2", [(4, 8, 24.5, 23.0), (4, 16, 44.5, 43.0)]
+)
+def test_a_single_step_is_shorter_than_zb_h1_s_when_w_is_cheaper(
+    num_stages: int, num_microbatches: int, h1: float, h2: float
+) -> None:
+    """With W = F/2 one step alone is shorter than ZB-H1's (with F = I = W they are equal)."""
+    costs = Costs(forward=1, backward_input=1, backward_weight=0.5)
+    assert simulate(zb_h1(num_stages, num_microbatches), costs).makespan == h1
+    assert simulate(zb_h2(num_stages, num_microbatches), costs).makespan == h2
+
+
 def test_peak_memory_is_the_papers_2k_minus_1() -> None:
     """The paper's (2p-1) M_B: at most 2K-1 micro-batches in flight (F run, W not yet)
     on every stage, twice ZB-H1's K, less when the step has fewer micro-batches; rank j
