@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pipetrain.schedule import Action, Op, Schedule, SimulationResult, parse_actions
+from pipetrain.schedule import Action, Costs, Op, Schedule, SimulationResult, parse_actions
 
 NUM_RANKS = range(1, 9)
 NUM_MICROBATCHES = range(1, 17)
+UNIFORM = Costs(forward=1, backward_input=1, backward_weight=1)
+"""F = I = W = 1 (B = I + W = 2): the zero-bubble papers' analysis costs."""
 
 
 def sizes(*, min_microbatches_per_rank: int = 0) -> Iterator[tuple[int, int]]:
@@ -70,3 +72,14 @@ def back_to_back(schedule: Schedule, steps: int) -> Schedule:
             for acts in schedule.actions
         ),
     )
+
+
+def assert_each_w_after_its_i(schedule: Schedule) -> None:
+    """Every W on the rank (and after the I) of its stage and micro-batch."""
+    for actions in schedule.actions:
+        done = set()
+        for a in actions:
+            if a.op is Op.BACKWARD_INPUT:
+                done.add((a.stage, a.microbatch))
+            elif a.op is Op.BACKWARD_WEIGHT:
+                assert (a.stage, a.microbatch) in done, f"{a} before its I"

@@ -6,7 +6,6 @@ import pytest
 
 from pipetrain.schedule import (
     Action,
-    Costs,
     Op,
     dualpipe_v,
     render_grid,
@@ -16,9 +15,7 @@ from pipetrain.schedule import (
     zb_v,
 )
 
-from .helpers import sizes
-
-UNIFORM = Costs(forward=1, backward_input=1, backward_weight=1)  # F = I = W, B = I + W
+from .helpers import UNIFORM, assert_each_w_after_its_i, sizes
 
 
 def test_grid_is_the_docstring_table() -> None:
@@ -33,6 +30,7 @@ def test_v_placement_and_one_backward_per_microbatch_on_the_grid() -> None:
         schedule = dualpipe_v(k, m)
         validate(schedule)
         assert schedule.stage_to_rank == v_placement(k)
+        assert_each_w_after_its_i(schedule)
         for r, actions in enumerate(schedule.actions):
             assert {a.stage for a in actions} == {r, 2 * k - 1 - r}
 

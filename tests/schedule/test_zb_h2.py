@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipetrain.schedule import Costs, Op, render_grid, simulate, validate, zb_h1, zb_h2
+from pipetrain.schedule import Costs, render_grid, simulate, validate, zb_h1, zb_h2
 
-from .helpers import back_to_back, full_activation_peaks, idle_inside, sizes
-
-UNIFORM = Costs(forward=1, backward_input=1, backward_weight=1)  # F = I = W, B = I + W
+from .helpers import (
+    UNIFORM,
+    assert_each_w_after_its_i,
+    back_to_back,
+    full_activation_peaks,
+    idle_inside,
+    sizes,
+)
 
 
 def test_grid_is_the_docstring_table() -> None:
@@ -21,15 +26,12 @@ def test_valid_on_the_grid_with_every_w_after_its_i() -> None:
     for num_stages, num_microbatches in sizes():
         schedule = zb_h2(num_stages, num_microbatches)
         validate(schedule)
+        assert_each_w_after_its_i(schedule)
         for j, actions in enumerate(schedule.actions):
             assert {a.stage for a in actions} == {j}
-            position = {(a.op, a.microbatch): p for p, a in enumerate(actions)}
-            for i in range(num_microbatches):
-                assert (
-                    position[(Op.FORWARD, i)]
-                    < position[(Op.BACKWARD_INPUT, i)]
-                    < position[(Op.BACKWARD_WEIGHT, i)]
-                )
+            assert sorted((a.op.value, a.microbatch) for a in actions) == sorted(
+                (op, i) for op in "FIW" for i in range(num_microbatches)
+            )
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ import pytest
 
 from pipetrain.schedule import (
     Costs,
-    Op,
     one_f_one_b,
     render_grid,
     simulate,
@@ -14,9 +13,7 @@ from pipetrain.schedule import (
     zb_v,
 )
 
-from .helpers import sizes
-
-UNIFORM = Costs(forward=1, backward_input=1, backward_weight=1)  # F = I = W per stage
+from .helpers import UNIFORM, assert_each_w_after_its_i, sizes
 
 
 def test_grid_is_the_docstring_table() -> None:
@@ -80,13 +77,7 @@ def test_peak_memory_is_1f1b_s_on_every_rank() -> None:
 
 def test_every_w_follows_its_i() -> None:
     for k, m in sizes():
-        for actions in zb_v(k, m).actions:
-            seen = set()
-            for a in actions:
-                if a.op is Op.BACKWARD_WEIGHT:
-                    assert (a.stage, a.microbatch) in seen
-                elif a.op is Op.BACKWARD_INPUT:
-                    seen.add((a.stage, a.microbatch))
+        assert_each_w_after_its_i(zb_v(k, m))
 
 
 def test_rejects_counts_below_one() -> None:
