@@ -227,7 +227,6 @@ class PipetrainRunner:
 
         from pipetrain.api.config import PipelineConfig
         from pipetrain.api.pipeline import Pipeline
-
         from pipetrain.schedule import V_SCHEDULES, default_stages_per_rank
 
         self.schedule_name = schedule
