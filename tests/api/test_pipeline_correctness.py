@@ -116,9 +116,22 @@ def test_replicas_ties_and_changing_sequence_length_match_single_process() -> No
          "checkpoint": "always"},
         {"num_stages": 4, "num_microbatches": 5, "schedule": "1f1b", "checkpoint": "except_last"},
         {"num_stages": 4, "num_microbatches": 4, "schedule": "gpipe"},
+        # the V: the tied embedding and head both on pipeline rank 0
+        {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "zb-v",
+         "stages_per_rank": 2, "checkpoint": "except_last"},
     ]
     results = run_workers(gpt_job, 4, configs, 4, timeout=300)
     _check(results, configs, gpt_reference(4))
+
+
+def test_v_placement_evaluates_like_one_process() -> None:
+    """eval_step runs the forward-only schedule on the V placement: the output (gathered
+    from rank 0, which holds the last stage) and the loss of the whole model."""
+    expected_output, expected_loss = gpt_eval_reference()
+    config = {"num_stages": 2, "schedule": "dualpipe-v", "stages_per_rank": 2, "num_microbatches": 4}
+    for output, loss in run_workers(gpt_eval_job, 2, config, timeout=120):
+        assert (output - expected_output).abs().max() < TOLERANCE
+        assert abs(loss - expected_loss) < TOLERANCE
 
 
 def test_stages_with_different_replica_counts_match_single_process() -> None:
