@@ -65,8 +65,8 @@ def test_v_placement_in_the_layout_and_the_step_schedules() -> None:
 def test_looped_bfs_takes_stages_per_rank_of_at_least_2() -> None:
     assert PipelineConfig(schedule="bfs", num_stages=2, stages_per_rank=3).stage_to_rank == (
         0, 1, 0, 1, 0, 1)
-    with pytest.raises(ValueError, match="schedule 'looped-bfs' needs stages_per_rank >= 2, got "
-                                         "stages_per_rank=1; fix: stages_per_rank=2"):
+    with pytest.raises(ValueError, match="schedule 'looped-bfs' needs at least 2 stages per rank, "
+                                         "got stages_per_rank=1; fix: stages_per_rank=2"):
         PipelineConfig(schedule="looped-bfs")
 
 

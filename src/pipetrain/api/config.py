@@ -271,7 +271,7 @@ def _stages_per_rank_problems(name: str, stages_per_rank: Any, say: Spelling) ->
                 f"stages r and 2K-1-r), got {say('stages_per_rank', stages_per_rank)}; fix: "
                 f"{say('stages_per_rank', 2)}"]
     if stages_per_rank < least:
-        return [f"schedule {name!r} needs stages_per_rank >= {least}, got "
+        return [f"schedule {name!r} needs at least {least} stages per rank, got "
                 f"{say('stages_per_rank', stages_per_rank)}; fix: {say('stages_per_rank', least)}"]
     if most is not None and stages_per_rank > most:
         return [f"{say('stages_per_rank', stages_per_rank)} needs an interleaved schedule "
