@@ -20,6 +20,9 @@ interleaved-1f1b   ``interleaved-1f1b``, V = 2    ``ScheduleInterleaved1F1B``, 2
 zero-bubble        ``zb-h1`` (1 stage per rank)  ``ScheduleInterleavedZeroBubble`` with 2
                                                  stages per rank (loop placement) and
                                                  ``ScheduleZBVZeroBubble`` (V placement)
+looped-bfs         ``looped-bfs``, V = 2          ``ScheduleLoopedBFS``, 2 stages/rank
+zb-v               ``zb-v`` (V placement)         ``ScheduleZBVZeroBubble``
+dualpipe-v         ``dualpipe-v`` (V placement)   ``ScheduleDualPipeV``
 =================  ============================  =========================================
 
 torch has no ZB-H1 as such; its zero-bubble schedules are written for several stages per
@@ -107,7 +110,7 @@ from typing import Any
 
 from pipetrain.launch import run_processes
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs", "zb-v", "dualpipe-v")
 """pipetrain's schedules compared, by the name used in the report."""
 
 # torch runners per schedule: (label, torch class name, stages per rank, placement)
@@ -120,6 +123,10 @@ TORCH_VARIANTS: dict[str, tuple[tuple[str, str, int, str], ...]] = {
         ("ScheduleInterleavedZeroBubble(V=2)", "ScheduleInterleavedZeroBubble", 2, "loop"),
         ("ScheduleZBVZeroBubble", "ScheduleZBVZeroBubble", 2, "v"),
     ),
+    # 2 stages per rank: looped placement (BFS) and the V (ZB-V, DualPipe-V), as pipetrain's
+    "looped-bfs": (("ScheduleLoopedBFS", "ScheduleLoopedBFS", 2, "loop"),),
+    "zb-v": (("ScheduleZBVZeroBubble(zb-v)", "ScheduleZBVZeroBubble", 2, "v"),),
+    "dualpipe-v": (("ScheduleDualPipeV", "ScheduleDualPipeV", 2, "v"),),
 }
 WORLD_SIZE = 2
 LR = 0.01
@@ -220,10 +227,11 @@ class PipetrainRunner:
 
         from pipetrain.api.config import PipelineConfig
         from pipetrain.api.pipeline import Pipeline
+        from pipetrain.schedule import V_SCHEDULES, default_stages_per_rank
 
         self.schedule_name = schedule
         self.label = schedule
-        stages_per_rank = 2 if schedule == "interleaved-1f1b" else 1
+        stages_per_rank = default_stages_per_rank(schedule)
         self.pipe = Pipeline(
             list(factories),
             loss_fn=torch.nn.functional.mse_loss,
@@ -234,7 +242,7 @@ class PipetrainRunner:
             context=ctx,
         )
         self.num_stages = WORLD_SIZE * stages_per_rank
-        self.stage_to_rank = _placement("loop", self.num_stages)
+        self.stage_to_rank = _placement("v" if schedule in V_SCHEDULES else "loop", self.num_stages)
         self.records: list[tuple[float, list[Any]]] = []
 
     def step(self, x: Any, y: Any) -> float:
@@ -761,7 +769,7 @@ def _with_send_costs(costs: Any, timeline: Sequence[Any], num_stages: int) -> An
 
 
 def analyse_mlp(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
-    from pipetrain.schedule import build_schedule
+    from pipetrain.schedule import build_schedule, default_stages_per_rank
 
     gathered = raw["gathered"]
     runners = raw["runners"]
@@ -804,7 +812,7 @@ def analyse_mlp(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
                     stage_to_rank=info["stage_to_rank"])
                 ours = build_schedule(
                     info["schedule"], num_ranks=WORLD_SIZE, num_microbatches=opts.microbatches,
-                    stages_per_rank=2 if info["schedule"] == "interleaved-1f1b" else 1,
+                    stages_per_rank=default_stages_per_rank(info["schedule"]),
                     optimizer_step=True, reduce=True)
                 row["same_order_as_pipetrain"] = (
                     info["num_stages"] == ours.num_stages

@@ -2,12 +2,15 @@
 
 For K in {2, 4} stages, every schedule, every checkpoint mode and M in {K, 2K+1}
 micro-batches with an uneven batch, the parameters after 3 optimizer steps equal those
-of plain training of the same model on the same batches. Each test starts one gloo job
-and runs all its configurations in it.
+of plain training of the same model on the same batches (the schedules added with the
+V placement and the looped breadth-first order take one M per mode, and user schedules
+from files run in the same job). Each test starts one gloo job and runs all its
+configurations in it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,17 +30,53 @@ from helpers.pipeline_jobs import (
 pytestmark = pytest.mark.distributed
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+NEW_SCHEDULES = ("looped-bfs", "zb-h2", "zb-v", "dualpipe-v")
 CHECKPOINTS = ("never", "except_last", "always")
 TOLERANCE = 1e-5
 
+# a hand-made 1F1B variant: the last stage splits its backward and keeps every W for the end
+HAND_MADE = """
+# 1F1B, the last stage's weight gradients deferred to the end of the step
+rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3
+rank 1: 1F0 1I0 1F1 1I1 1F2 1I2 1F3 1I3 1W0 1W1 1W2 1W3
+"""
+
 
 def _configs(num_stages: int) -> list[dict[str, Any]]:
-    return [
+    per_rank = {"interleaved-1f1b": 2, "looped-bfs": 2, "zb-v": 2, "dualpipe-v": 2}
+    old = [
         {"schedule": schedule, "num_stages": num_stages, "checkpoint": checkpoint,
-         "num_microbatches": m, "stages_per_rank": 2 if schedule == "interleaved-1f1b" else 1}
+         "num_microbatches": m, "stages_per_rank": per_rank.get(schedule, 1)}
         for schedule in SCHEDULES for checkpoint in CHECKPOINTS
         for m in (num_stages, 2 * num_stages + 1)
     ]
+    new = [
+        {"schedule": schedule, "num_stages": num_stages, "checkpoint": checkpoint,
+         "num_microbatches": num_stages if checkpoint == "except_last" else 2 * num_stages + 1,
+         "stages_per_rank": per_rank.get(schedule, 1)}
+        for schedule in NEW_SCHEDULES for checkpoint in CHECKPOINTS
+    ]
+    return old + new
+
+
+def _user_configs(folder: Path, num_stages: int) -> list[dict[str, Any]]:
+    """User schedules from files: compute-only (the library adds messages and steps) and
+    fully lowered as ``print`` writes them, with the V placement too."""
+    from pipetrain.schedule import build_schedule, zb_v
+
+    files = {"printed-1f1b.txt": str(build_schedule("1f1b", num_ranks=num_stages, num_microbatches=5,
+                                                    optimizer_step=True, reduce=True)),
+             "printed-zb-v.txt": str(zb_v(num_stages, 5))}
+    if num_stages == 2:
+        files["hand-made.txt"] = HAND_MADE
+    configs = []
+    for name, text in files.items():
+        (folder / name).write_text(text)
+        v_shaped = "zb-v" in name
+        configs.append({"schedule": str(folder / name), "num_stages": num_stages,
+                        "stages_per_rank": 2 if v_shaped else 1, "checkpoint": "except_last",
+                        "num_microbatches": 4 if name == "hand-made.txt" else 5})
+    return configs
 
 
 def _check(results: list[Any], configs: list[dict[str, Any]], reference: Any) -> None:
@@ -57,9 +96,11 @@ def _check(results: list[Any], configs: list[dict[str, Any]], reference: Any) ->
 
 
 @pytest.mark.parametrize("num_stages", [2, 4])
-def test_every_schedule_and_checkpoint_mode_matches_single_process(num_stages: int) -> None:
-    configs = _configs(num_stages)
-    batch = 2 * (2 * num_stages + 1) + 1  # uneven micro-batches for both M
+def test_every_schedule_and_checkpoint_mode_matches_single_process(
+    num_stages: int, tmp_path: Path
+) -> None:
+    configs = _configs(num_stages) + _user_configs(tmp_path, num_stages)
+    batch = 2 * (2 * num_stages + 1) + 1  # uneven micro-batches for every M
     results = run_workers(mlp_job, num_stages, configs, 3, batch, timeout=300)
     _check(results, configs, mlp_reference(3, batch))
 
@@ -75,9 +116,22 @@ def test_replicas_ties_and_changing_sequence_length_match_single_process() -> No
          "checkpoint": "always"},
         {"num_stages": 4, "num_microbatches": 5, "schedule": "1f1b", "checkpoint": "except_last"},
         {"num_stages": 4, "num_microbatches": 4, "schedule": "gpipe"},
+        # the V: the tied embedding and head both on pipeline rank 0
+        {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "zb-v",
+         "stages_per_rank": 2, "checkpoint": "except_last"},
     ]
     results = run_workers(gpt_job, 4, configs, 4, timeout=300)
     _check(results, configs, gpt_reference(4))
+
+
+def test_v_placement_evaluates_like_one_process() -> None:
+    """eval_step runs the forward-only schedule on the V placement: the output (gathered
+    from rank 0, which holds the last stage) and the loss of the whole model."""
+    expected_output, expected_loss = gpt_eval_reference()
+    config = {"num_stages": 2, "schedule": "dualpipe-v", "stages_per_rank": 2, "num_microbatches": 4}
+    for output, loss in run_workers(gpt_eval_job, 2, config, timeout=120):
+        assert (output - expected_output).abs().max() < TOLERANCE
+        assert abs(loss - expected_loss) < TOLERANCE
 
 
 def test_stages_with_different_replica_counts_match_single_process() -> None:

@@ -74,11 +74,17 @@ def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
 
 
 def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(tmp_path: Path) -> None:
+    from pipetrain.schedule import zb_v
+
+    schedule_file = tmp_path / "my-zb-v.txt"  # a user schedule: V placement, 2 ranks, 4 micro-batches
+    schedule_file.write_text(str(zb_v(2, 4)))
     layouts = [
         ["--stages", "1"],
         ["--stages", "2", "--schedule", "gpipe", "--checkpoint", "always"],
         ["--stages", "2", "--replicas", "2", "--schedule", "zb-h1", "--checkpoint", "except_last"],
         ["--stages", "2", "--schedule", "interleaved-1f1b"],
+        ["--stages", "2", "--schedule", "dualpipe-v"],
+        ["--schedule", str(schedule_file), "--checkpoint", "always"],
     ]
     runs = []
     for k, layout in enumerate(layouts):
@@ -89,6 +95,10 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
     for layout, losses in zip(layouts[1:], runs[1:]):
         for step, (a, b) in enumerate(zip(runs[0], losses)):
             assert abs(a - b) <= 1e-4 * abs(a), f"{layout} step {step + 1}: {b} vs {a} with --stages 1"
+    # the V placement of dualpipe-v and of the file: rank 0 holds the first and last stages
+    for k in (4, 5):
+        memory = json.loads((tmp_path / f"run{k}" / "metrics.json").read_text())["memory"]
+        assert [m["stages"] for m in memory] == [[0, 3], [1, 2]]
 
 
 def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> None:

@@ -156,3 +156,39 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["simulate", "--schedule", "gpipe", "--stages", "two", "--microbatches", "2"])
     assert caught.value.code == 2
     assert "argument --stages: invalid int value: 'two'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, virtual, num_stages", [("zb-v", 2, 4), ("dualpipev", 2, 4), ("looped-bfs", 2, 4), ("zb-h2", 1, 2)]
+)
+def test_json_new_schedules_default_stages_per_rank(
+    name: str, virtual: int, num_stages: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _json(capsys, "--schedule", name, "--stages", "2", "--microbatches", "4")
+    assert (data["virtual"], data["num_stages"]) == (virtual, num_stages)
+
+
+def test_a_schedule_file_sets_stages_and_microbatches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mine.txt"
+    path.write_text("rank 0: 0F0 0F1 0B0 0B1\nrank 1: 1F0 1B0 1F1 1B1\n")
+    data = _json(capsys, "--schedule", str(path))
+    assert (data["schedule"], data["stages"], data["microbatches"], data["virtual"]) == ("mine", 2, 2, 1)
+    assert data["makespan"] == 9.0
+
+
+def test_a_schedule_name_needs_stages_and_microbatches(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--schedule", "1f1b"]) == 2
+    assert "--stages and --microbatches needed with schedule '1f1b'" in capsys.readouterr().err
+
+
+def test_a_deadlocking_schedule_file_exits_2_with_the_grid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "stuck.txt"
+    path.write_text("rank 0: 0F0 0B0 0F1 0B1\nrank 1: 1F1 1B1 1F0 1B0\n")
+    assert main(["simulate", "--schedule", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "deadlock: rank 0, position 1: 0B0 waits for 1B0, which rank 1 runs only at position 3" in err
+    assert "what it runs" in err

@@ -9,12 +9,16 @@ from pipetrain.schedule import (
     add_optimizer_step,
     build_schedule,
     canonical_name,
+    default_stages_per_rank,
     find_problems,
     format_actions,
     get_generator,
     interleaved_1f1b,
     one_f_one_b,
     parse_actions,
+    schedule_placement,
+    stages_per_rank_range,
+    v_placement,
     zb_h1,
 )
 
@@ -25,6 +29,10 @@ def _admitted(name: str) -> list[tuple[int, int, int]]:
     """(K, M, V) of the grid that ``name`` admits."""
     if name == "interleaved-1f1b":
         return [(k, m, v) for k, m in sizes(min_microbatches_per_rank=1) for v in (2, 3)]
+    if name == "looped-bfs":
+        return [(k, m, v) for k, m in sizes() for v in (2, 3)]
+    if name in ("zb-v", "dualpipe-v"):
+        return [(k, m, 2) for k, m in sizes()]
     if name == "forward":
         return [(k, m, v) for k, m in sizes() for v in (1, 2)]
     return [(k, m, 1) for k, m in sizes()]
@@ -69,11 +77,15 @@ def test_compact_form_round_trips(name: str) -> None:
 
 
 def test_names_and_aliases() -> None:
-    assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward")
+    assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1",
+                              "zb-h2", "zb-v", "dualpipe-v", "forward")
     assert {alias: canonical_name(alias) for alias in SCHEDULE_ALIASES} == {
         "pipedream-flush": "1f1b",
         "interleaved": "interleaved-1f1b",
         "zero-bubble": "zb-h1",
+        "bfs": "looped-bfs",
+        "zbv": "zb-v",
+        "dualpipev": "dualpipe-v",
         "forward-only": "forward",
         "inference": "forward",
     }
@@ -85,7 +97,8 @@ def test_names_and_aliases() -> None:
 def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
-        match=r"unknown schedule 'gpip'; known schedules: gpipe, 1f1b, interleaved-1f1b, zb-h1, forward",
+        match=r"unknown schedule 'gpip'; known schedules: gpipe, 1f1b, interleaved-1f1b, "
+        r"looped-bfs, zb-h1, zb-h2, zb-v, dualpipe-v, forward",
     ):
         build_schedule("gpip", num_ranks=2, num_microbatches=2)
 
@@ -102,12 +115,40 @@ def test_forward_with_virtual_stages() -> None:
     assert schedule.num_ranks == 2 and schedule.num_stages == 4
 
 
+def test_placements_and_stages_per_rank() -> None:
+    assert schedule_placement("zb-v", 3, 2) == v_placement(3) == (0, 1, 2, 2, 1, 0)
+    assert schedule_placement("dualpipev", 2, 2) == (0, 1, 1, 0)
+    assert schedule_placement("looped-bfs", 2, 3) == (0, 1, 0, 1, 0, 1)
+    assert [default_stages_per_rank(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 2, 1, 1, 2, 2, 1]
+    assert stages_per_rank_range("bfs") == (2, None)
+    for name in ("zb-v", "dualpipe-v"):
+        built = build_schedule(name, num_ranks=3, num_microbatches=6, stages_per_rank=2)
+        assert built.stage_to_rank == v_placement(3)
+
+
+def test_forward_with_the_v_placement_of_its_training_schedule() -> None:
+    evaluation = build_schedule("forward", num_ranks=2, num_microbatches=2, stages_per_rank=2,
+                                placement=v_placement(2))
+    assert evaluation.stage_to_rank == (0, 1, 1, 0)
+    assert format_actions(evaluation.actions[1]) == "1RF0 1F0 1RF1 1F1 2F0 2SF0 2F1 2SF1"
+
+
 @pytest.mark.parametrize(
     "name, options, message",
     [
         ("gpipe", {"stages_per_rank": 2}, "gpipe has one stage per rank, got stages_per_rank=2"),
         ("zb-h1", {"stages_per_rank": 3}, "zb-h1 has one stage per rank, got stages_per_rank=3"),
         ("interleaved", {}, "interleaved-1f1b needs stages_per_rank >= 2, got 1"),
+        ("looped-bfs", {}, "looped-bfs needs stages_per_rank >= 2, got 1"),
+        (
+            "zb-v",
+            {"stages_per_rank": 3},
+            r"zb-v places exactly 2 stages per rank \(a V: rank r holds stages r and 2K-1-r\), "
+            r"got stages_per_rank=3; fix: stages_per_rank=2",
+        ),
+        ("dualpipe-v", {}, "dualpipe-v places exactly 2 stages per rank .* got stages_per_rank=1"),
+        ("zb-h2", {"stages_per_rank": 2}, "zb-h2 has one stage per rank, got stages_per_rank=2"),
+        ("1f1b", {"placement": (0, 1)}, r"placement=\(0, 1\) is for 'forward' only"),
         (
             "interleaved",
             {"stages_per_rank": 2, "num_microbatches": 1},

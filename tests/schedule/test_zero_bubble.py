@@ -2,11 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipetrain.schedule import Costs, Op, one_f_one_b, render_grid, simulate, zb_h1
+from pipetrain.schedule import Op, one_f_one_b, render_grid, simulate, zb_h1
 
-from .helpers import full_activation_peaks, sizes
-
-UNIFORM = Costs(forward=1, backward_input=1, backward_weight=1)  # F = I = W, B = I + W
+from .helpers import UNIFORM, full_activation_peaks, sizes
 
 
 def test_grid_is_the_docstring_table() -> None:

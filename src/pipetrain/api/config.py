@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pipetrain.api.grad_check import NONFINITE_POLICIES
+from pipetrain.api.user_schedule import (
+    is_schedule_file,
+    resolve_user_schedule,
+    user_schedule_problems,
+)
 from pipetrain.checkpoint import CHECKPOINT_MODES
-from pipetrain.schedule import TRAINING_SCHEDULES, canonical_name
+from pipetrain.schedule import (
+    TRAINING_SCHEDULES,
+    Schedule,
+    canonical_name,
+    schedule_placement,
+    stages_per_rank_range,
+)
 
 __all__ = ["PipelineConfig", "Spelling", "config_problems"]
 
@@ -20,22 +32,29 @@ class PipelineConfig:
 
     The job's ``world_size`` processes form a grid of ``num_stages`` pipeline ranks by
     ``replicas`` data-parallel replicas. With ``stages_per_rank = V > 1`` (interleaved
-    schedules) the model is cut into ``num_stages * V`` stages, stage ``j`` on pipeline
-    rank ``j % num_stages``.
+    and looped schedules) the model is cut into ``num_stages * V`` stages, stage ``j``
+    on pipeline rank ``j % num_stages``; the V schedules (``zb-v``, ``dualpipe-v``) put
+    stages ``r`` and ``2K-1-r`` on rank ``r`` (:attr:`stage_to_rank`).
 
     Example:
         >>> PipelineConfig(schedule="interleaved-1f1b", num_stages=2, stages_per_rank=2,
         ...                num_microbatches=4).num_model_stages
         4
+        >>> PipelineConfig(schedule="zb-v", num_stages=2, stages_per_rank=2).stage_to_rank
+        (0, 1, 1, 0)
     """
 
-    schedule: str = "1f1b"
-    """One of :data:`~pipetrain.schedule.TRAINING_SCHEDULES`: ``gpipe``, ``1f1b``,
-    ``interleaved-1f1b`` or ``zb-h1`` (or an alias)."""
+    schedule: str | os.PathLike[str] | Schedule = "1f1b"
+    """One of :data:`~pipetrain.schedule.TRAINING_SCHEDULES` (``gpipe``, ``1f1b``,
+    ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zb-h2``, ``zb-v``,
+    ``dualpipe-v``, or an alias); or a user schedule: a
+    :class:`~pipetrain.schedule.Schedule` or the path of a schedule file (see
+    :mod:`pipetrain.api.user_schedule`)."""
     num_stages: int = 2
     """Pipeline ranks per replica (``K``)."""
     stages_per_rank: int = 1
-    """Virtual stages per rank (``V``, interleaved schedules only)."""
+    """Stages per rank (``V``): at least 2 for ``interleaved-1f1b`` and
+    ``looped-bfs``, exactly 2 for ``zb-v`` and ``dualpipe-v``, else 1."""
     num_microbatches: int = 8
     """Micro-batches per step and per replica of the first stage (``M``; the step runs
     ``M x`` that stage's replicas in all, dealt round-robin); a smaller batch gives fewer."""
@@ -70,11 +89,33 @@ class PipelineConfig:
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
+    _user_schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problems = list(self.problems())
         if problems:
             raise ValueError("invalid PipelineConfig:\n" + "\n".join(f"  * {p}" for p in problems))
+        object.__setattr__(self, "_user_schedule", resolve_user_schedule(self.schedule))
+
+    @property
+    def user_schedule(self) -> Schedule | None:
+        """The user schedule, lowered and validated (``None`` for a schedule name)."""
+        return self._user_schedule
+
+    @property
+    def schedule_name(self) -> str:
+        """The schedule's canonical name (a user schedule's own name)."""
+        if self._user_schedule is not None:
+            return self._user_schedule.name
+        assert isinstance(self.schedule, str)
+        return canonical_name(self.schedule)
+
+    @property
+    def stage_to_rank(self) -> tuple[int, ...]:
+        """The pipeline rank of each model stage."""
+        if self._user_schedule is not None:
+            return self._user_schedule.stage_to_rank
+        return schedule_placement(self.schedule_name, self.num_stages, self.stages_per_rank)
 
     @property
     def num_model_stages(self) -> int:
@@ -146,7 +187,9 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
 
     Example:
         >>> config_problems({"schedule": "1f1b", "stages_per_rank": 2})
-        ["stages_per_rank=2 needs an interleaved schedule; fix: schedule='interleaved-1f1b' or stages_per_rank=1"]
+        ["stages_per_rank=2 needs an interleaved schedule (several stages per rank: interleaved-1f1b, looped-bfs, zb-v, dualpipe-v); fix: schedule='interleaved-1f1b' or stages_per_rank=1"]
+        >>> config_problems({"schedule": "zb-v", "num_stages": 3})
+        ["schedule 'zb-v' places exactly 2 stages per rank (a V: rank r holds stages r and 2K-1-r), got stages_per_rank=1; fix: stages_per_rank=2"]
         >>> config_problems({"num_stages": 0}, spell=lambda name, value: f"--{name} {value}")
         ['--num_stages 0 must be a positive integer, e.g. --num_stages 2']
     """
@@ -154,32 +197,31 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
     v: dict[str, Any] = {f.name: f.default for f in fields(PipelineConfig)} | dict(values)
     v["extra_problems"] = tuple(v.get("extra_problems") or ())
     found: list[str] = []
+    schedule = v["schedule"]
+    is_user = isinstance(schedule, Schedule) or is_schedule_file(schedule)
+    user = _user_schedule(v, found) if is_user else None
     try:
-        name = canonical_name(v["schedule"])
+        name = canonical_name(schedule) if isinstance(schedule, str) else ""
     except ValueError:
         name = ""
-    if name not in TRAINING_SCHEDULES:
+    if not is_user and name not in TRAINING_SCHEDULES:
         choices = ", ".join(TRAINING_SCHEDULES)
-        what = (f"schedule {v['schedule']!r} has no backward (eval_step runs it)"
-                if name == "forward" else f"unknown schedule {v['schedule']!r}")
-        found.append(f"{what}; choose one of {choices}, e.g. {say('schedule', '1f1b')}")
+        what = (f"schedule {schedule!r} has no backward (eval_step runs it)" if name == "forward"
+                else f"unknown schedule {schedule!r} (neither a schedule name nor an existing "
+                     f"schedule file)")
+        found.append(f"{what}; choose one of {choices}, e.g. {say('schedule', '1f1b')}, or "
+                     f"the path of a schedule file")
+    if name not in TRAINING_SCHEDULES:
         name = ""
     for attr in ("num_stages", "stages_per_rank", "num_microbatches", "replicas"):
         value = v[attr]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             example = 2 if attr in ("num_stages", "stages_per_rank") else 8 if attr == "num_microbatches" else 1
             found.append(f"{say(attr, value)} must be a positive integer, e.g. {say(attr, example)}")
-    stages_per_rank = v["stages_per_rank"]
-    if name == "interleaved-1f1b" and isinstance(stages_per_rank, int) and stages_per_rank < 2:
-        found.append(
-            f"schedule 'interleaved-1f1b' needs stages_per_rank >= 2, got "
-            f"{say('stages_per_rank', stages_per_rank)}; fix: {say('stages_per_rank', 2)}"
-        )
-    if name not in ("interleaved-1f1b", "") and stages_per_rank != 1:
-        found.append(
-            f"{say('stages_per_rank', stages_per_rank)} needs an interleaved schedule; fix: "
-            f"{say('schedule', 'interleaved-1f1b')} or {say('stages_per_rank', 1)}"
-        )
+    if user is not None and all(isinstance(v[a], int) for a in ("num_stages", "stages_per_rank")):
+        found.extend(user_schedule_problems(user, v, say))
+    if name:
+        found.extend(_stages_per_rank_problems(name, v["stages_per_rank"], say))
     stage_replicas = v["stage_replicas"]
     if stage_replicas is not None:
         found.extend(_stage_replica_problems(tuple(stage_replicas), v, name, say))
@@ -205,3 +247,34 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
                      f"{say('timeout', 300.0)}")
     found.extend(v["extra_problems"])
     return found
+
+
+def _user_schedule(v: Mapping[str, Any], found: list[str]) -> Schedule | None:
+    """The user schedule of the values (None for a name, or when it cannot be read:
+    then its problem is in ``found``)."""
+    try:
+        return resolve_user_schedule(v["schedule"])
+    except (OSError, ValueError) as error:
+        where = ("the schedule" if isinstance(v["schedule"], Schedule)
+                 else f"schedule file {os.fspath(v['schedule'])!r}")
+        found.append(f"{where}: {error}")
+        return None
+
+
+def _stages_per_rank_problems(name: str, stages_per_rank: Any, say: Spelling) -> list[str]:
+    """Whether schedule ``name`` takes ``stages_per_rank`` stages per rank."""
+    if not isinstance(stages_per_rank, int) or isinstance(stages_per_rank, bool):
+        return []  # reported as not a positive integer
+    least, most = stages_per_rank_range(name)
+    if least == most == 2 and stages_per_rank != 2:
+        return [f"schedule {name!r} places exactly 2 stages per rank (a V: rank r holds "
+                f"stages r and 2K-1-r), got {say('stages_per_rank', stages_per_rank)}; fix: "
+                f"{say('stages_per_rank', 2)}"]
+    if stages_per_rank < least:
+        return [f"schedule {name!r} needs at least {least} stages per rank, got "
+                f"{say('stages_per_rank', stages_per_rank)}; fix: {say('stages_per_rank', least)}"]
+    if most is not None and stages_per_rank > most:
+        return [f"{say('stages_per_rank', stages_per_rank)} needs an interleaved schedule "
+                f"(several stages per rank: interleaved-1f1b, looped-bfs, zb-v, dualpipe-v); fix: "
+                f"{say('schedule', 'interleaved-1f1b')} or {say('stages_per_rank', 1)}"]
+    return []

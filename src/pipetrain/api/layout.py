@@ -49,6 +49,10 @@ class Layout:
         >>> uneven = Layout.create(PipelineConfig(num_stages=2, stage_replicas=(2, 1)), num_layers=4)
         >>> uneven.position(2), uneven.placement().rank(0, 3), uneven.world_size
         ((1, 0), 1, 3)
+        >>> v = Layout.create(PipelineConfig(schedule="zb-v", num_stages=2, stages_per_rank=2),
+        ...                   num_layers=8)
+        >>> v.stage_to_rank, v.stages_of(0), v.layer_ranges[3]
+        ((0, 1, 1, 0), (0, 3), range(6, 8))
     """
 
     num_stages: int
@@ -84,8 +88,7 @@ class Layout:
                 )
         starts = [sum(balance[:j]) for j in range(len(balance))]
         ranges = tuple(range(s, s + n) for s, n in zip(starts, balance))
-        placement = tuple(j % config.num_stages for j in range(num_model_stages))
-        return Layout(config.num_stages, placement, ranges, config.replica_counts)
+        return Layout(config.num_stages, config.stage_to_rank, ranges, config.replica_counts)
 
     @property
     def world_size(self) -> int:

@@ -43,7 +43,7 @@ from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
-from pipetrain.schedule import Action, Schedule, TimedAction, canonical_name
+from pipetrain.schedule import Action, Schedule, TimedAction
 
 __all__ = ["Pipeline"]
 
@@ -113,7 +113,7 @@ class Pipeline:
         self.context = context
         self.device = context.device if context is not None else torch.device("cpu")
         self.loss_fn = loss_fn
-        self.schedule_name = canonical_name(config.schedule)
+        self.schedule_name = config.schedule_name
         self.layout = Layout.create(config, num_layers=len(layers))
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
         self.num_replicas = self.layout.replica_counts[self.pipeline_rank]

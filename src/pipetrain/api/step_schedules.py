@@ -3,7 +3,9 @@ rank's part of them re-materializes.
 
 A step of ``n`` micro-batches (all replicas together, dealt round-robin over each
 stage's replicas) runs the validated schedule of the pipeline's layout for ``n``; rank
-``r`` runs its action list. Schedules are built once per count and kept.
+``r`` runs its action list. Schedules are built once per count and kept. A user
+schedule (:mod:`pipetrain.api.user_schedule`) runs as written, for its own micro-batch
+count only; evaluation runs the forward-only schedule on the training placement.
 """
 
 from __future__ import annotations
@@ -36,7 +38,20 @@ class StepSchedules:
     _built: dict[tuple[str, int], Schedule] = field(default_factory=dict, repr=False)
 
     def get(self, name: str, num_microbatches: int) -> Schedule:
-        """The validated schedule of ``num_microbatches`` micro-batches (all replicas)."""
+        """The validated schedule of ``num_microbatches`` micro-batches (all replicas).
+
+        Raises:
+            ValueError: the user schedule runs another number of micro-batches.
+        """
+        user = self.config.user_schedule
+        if user is not None and name != "forward":
+            if num_microbatches != user.num_microbatches:
+                raise ValueError(
+                    f"schedule {user.name!r} runs exactly {user.num_microbatches} micro-batches "
+                    f"a step, not {num_microbatches}; fix: batches of at least "
+                    f"{user.num_microbatches} samples (drop a smaller last batch)"
+                )
+            return user
         key = (name, num_microbatches)
         if key not in self._built:
             training = name != "forward"
@@ -49,6 +64,7 @@ class StepSchedules:
                 optimizer_step=training,
                 reduce=training,
                 replicas=counts if max(counts) > 1 else None,
+                placement=None if training else self.layout.stage_to_rank,
             )
         return self._built[key]
 

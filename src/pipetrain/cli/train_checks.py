@@ -135,6 +135,26 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _schedule_file(args: argparse.Namespace) -> None:
+    """With ``--schedule FILE``, take ``--stages``, ``--virtual`` and ``--microbatches``
+    from the file where they were not given (a given one that differs is reported by
+    the configuration's check, with its fix)."""
+    from pipetrain.api.user_schedule import is_schedule_file
+    from pipetrain.schedule import load_schedule
+
+    if not is_schedule_file(args.schedule):
+        return
+    try:
+        schedule = load_schedule(args.schedule)
+    except (OSError, ValueError):
+        return  # the configuration's check names the problem
+    taken = {"stages": schedule.num_ranks, "microbatches": schedule.num_microbatches,
+             "virtual": max(1, schedule.num_stages // schedule.num_ranks)}
+    for option, value in taken.items():
+        if option not in args.given:
+            setattr(args, option, value)
+
+
 def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
     """Resolve a resume into ``args`` (in place) and find every problem with the options.
 
@@ -143,5 +163,6 @@ def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
     """
     problems: list[str] = []
     resume = _resume(args, problems) if args.resume is not None else None
+    _schedule_file(args)
     problems.extend(_option_problems(args))
     return resume, problems

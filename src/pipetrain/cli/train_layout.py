@@ -17,7 +17,7 @@ import argparse
 import os
 from typing import Any
 
-from pipetrain.cli.train_options import flag, pipeline_fields
+from pipetrain.cli.train_options import flag, pipeline_fields, stages_per_rank
 
 __all__ = ["AUTO", "layout_problems", "num_workers", "parse_balance", "run_config"]
 
@@ -92,7 +92,7 @@ def layout_problems(args: argparse.Namespace) -> list[str]:
             balance = parse_balance(args.balance)
         except ValueError as error:
             return [str(error)]
-        stages = args.stages * (args.virtual or 1)
+        stages = args.stages * stages_per_rank(args)
         if len(balance) != stages or sum(balance) != num_layers:
             problems.append(
                 f"--balance {args.balance} gives {len(balance)} stages of {sum(balance)} layers, "

@@ -113,10 +113,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(layout, "--stages", type=_positive_int, default=2, help="pipeline ranks K (default 2)")
     add(layout, "--replicas", type=_positive_int, default=1, help="data-parallel replicas D (default 1)")
     add(layout, "--microbatches", type=_positive_int, default=8, help="micro-batches M per step (default 8)")
-    add(layout, "--schedule", default="1f1b",
-        help=f"{', '.join(TRAINING_SCHEDULES)} (default 1f1b)")
+    add(layout, "--schedule", default="1f1b", metavar="NAME|FILE",
+        help=f"{', '.join(TRAINING_SCHEDULES)} (default 1f1b), or a schedule file (one rank "
+             "per line, as print(schedule) writes it; it sets --stages, --virtual and "
+             "--microbatches unless given)")
     add(layout, "--virtual", type=_positive_int, default=None,
-        help="stages per rank for interleaved-1f1b (default 2)")
+        help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
+             "dualpipe-v place exactly 2")
     add(layout, "--checkpoint", default="never", choices=("always", "except_last", "never"),
         help="re-materialization mode (default never)")
     add(layout, "--balance", default=None, metavar="auto|N,N,...",
@@ -161,16 +164,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def stages_per_rank(args: argparse.Namespace) -> int:
-    """``--virtual``, or its default for the schedule (2 for interleaved-1f1b, else 1)."""
-    from pipetrain.schedule import canonical_name
+    """``--virtual``, or its default for the schedule (2 for interleaved-1f1b,
+    looped-bfs, zb-v and dualpipe-v, else 1)."""
+    from pipetrain.schedule import default_stages_per_rank
 
     if args.virtual is not None:
         return int(args.virtual)
     try:
-        interleaved = canonical_name(args.schedule) == "interleaved-1f1b"
+        return default_stages_per_rank(args.schedule)
     except ValueError:
         return 1
-    return 2 if interleaved else 1
 
 
 def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,25 +20,34 @@ from pipetrain.schedule.actions import (
     parse_actions,
 )
 from pipetrain.schedule.costs import Costs, StageCosts
+from pipetrain.schedule.dualpipe_v import dualpipe_v
 from pipetrain.schedule.execution import TimedAction
 from pipetrain.schedule.forward_only import forward_only
 from pipetrain.schedule.gpipe import gpipe
 from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
-from pipetrain.schedule.lowering import add_communication, add_optimizer_step
+from pipetrain.schedule.looped_bfs import looped_bfs
+from pipetrain.schedule.lowering import add_communication, add_optimizer_step, complete_lowering
 from pipetrain.schedule.one_f_one_b import one_f_one_b
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.registry import (
     SCHEDULE_ALIASES,
     SCHEDULE_NAMES,
     TRAINING_SCHEDULES,
+    V_SCHEDULES,
     build_schedule,
     canonical_name,
+    default_stages_per_rank,
     get_generator,
+    schedule_placement,
+    stages_per_rank_range,
 )
+from pipetrain.schedule.schedule_file import load_schedule, parse_schedule
 from pipetrain.schedule.simulate import SimulationResult, simulate
 from pipetrain.schedule.timeline import render_timeline
 from pipetrain.schedule.validate import ScheduleError, find_problems, validate
+from pipetrain.schedule.zb_h2 import zb_h2
+from pipetrain.schedule.zb_v import zb_v
 from pipetrain.schedule.zero_bubble import zb_h1
 
 __all__ = [
@@ -47,6 +56,7 @@ __all__ = [
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
     "TRAINING_SCHEDULES",
+    "V_SCHEDULES",
     "Action",
     "Costs",
     "Op",
@@ -59,20 +69,30 @@ __all__ = [
     "add_optimizer_step",
     "build_schedule",
     "canonical_name",
+    "complete_lowering",
+    "default_stages_per_rank",
+    "dualpipe_v",
     "find_problems",
     "format_actions",
     "forward_only",
     "get_generator",
     "gpipe",
     "interleaved_1f1b",
+    "load_schedule",
     "loop_placement",
+    "looped_bfs",
     "one_f_one_b",
     "parse_action",
     "parse_actions",
+    "parse_schedule",
     "render_grid",
     "render_timeline",
+    "schedule_placement",
     "simulate",
+    "stages_per_rank_range",
     "v_placement",
     "validate",
     "zb_h1",
+    "zb_h2",
+    "zb_v",
 ]

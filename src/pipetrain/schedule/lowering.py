@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pipetrain.schedule.actions import Action, Op
 from pipetrain.schedule.program import Schedule
 
-__all__ = ["add_communication", "add_optimizer_step"]
+__all__ = ["add_communication", "add_optimizer_step", "complete_lowering"]
 
 _BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
 _LAST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
@@ -100,6 +100,50 @@ def add_optimizer_step(schedule: Schedule, *, reduce: bool) -> Schedule:
         rank_actions += [Action(j, Op.OPTIMIZER_STEP) for j in schedule.stages_of(r)]
         lowered.append(rank_actions)
     return schedule.replace_actions(lowered)
+
+
+def complete_lowering(schedule: Schedule) -> Schedule:
+    """Lower what a schedule leaves out, as the runtime needs it: the sends and receives
+    when it has none, and in a training schedule each stage's ``REDUCE`` and ``STEP``
+    when it has no ``STEP``. A schedule that has them is taken as written (and must
+    then give every stage its ``STEP`` on every rank holding it).
+
+    Example:
+        >>> from pipetrain.schedule.gpipe import gpipe
+        >>> print(complete_lowering(gpipe(2, 1)))
+        rank 0: 0F0 0SF0 0RB0 0B0 0REDUCE 0STEP
+        rank 1: 1RF0 1F0 1B0 1SB0 1REDUCE 1STEP
+        >>> complete_lowering(complete_lowering(gpipe(2, 1))) == complete_lowering(gpipe(2, 1))
+        True
+
+    Raises:
+        ValueError: the schedule has ``REDUCE`` actions but no ``STEP``, or ``STEP`` s
+            for some of its stages only.
+    """
+    if not any(a.op.is_communication for acts in schedule.actions for a in acts):
+        schedule = add_communication(schedule)
+    if not schedule.is_training:
+        return schedule
+    steps = {(r, a.stage) for r, acts in enumerate(schedule.actions) for a in acts
+             if a.op is Op.OPTIMIZER_STEP}
+    if not steps:
+        if any(a.op is Op.REDUCE_GRAD for acts in schedule.actions for a in acts):
+            raise ValueError(
+                f"schedule {schedule.name!r} has REDUCE actions but no STEP: its gradients "
+                "would never be applied; fix: end each rank with a STEP for each of its "
+                "stages (e.g. '0STEP'), or leave out both and let the library add them"
+            )
+        return add_optimizer_step(schedule, reduce=True)
+    missing = [f"{Action(j, Op.OPTIMIZER_STEP)} on rank {r}"
+               for j in range(schedule.num_stages) for r in schedule.ranks_of(j)
+               if (r, j) not in steps]
+    if missing:
+        raise ValueError(
+            f"schedule {schedule.name!r} steps some stages but not {', '.join(missing)}; "
+            "fix: a STEP for every stage on each rank holding it, or no STEP at all (the "
+            "library then adds them)"
+        )
+    return schedule
 
 
 def _check_no(schedule: Schedule, unwanted: Callable[[Action], bool], *, what: str) -> None:

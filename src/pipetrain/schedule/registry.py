@@ -5,26 +5,44 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipetrain.schedule._args import check_counts
+from pipetrain.schedule.dualpipe_v import dualpipe_v
 from pipetrain.schedule.forward_only import forward_only
 from pipetrain.schedule.gpipe import gpipe
 from pipetrain.schedule.interleaved import interleaved_1f1b
+from pipetrain.schedule.looped_bfs import looped_bfs
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step
 from pipetrain.schedule.one_f_one_b import one_f_one_b
-from pipetrain.schedule.program import Schedule
+from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.replicated import replicated_pipeline, uniform_replicas
 from pipetrain.schedule.validate import validate
+from pipetrain.schedule.zb_h2 import zb_h2
+from pipetrain.schedule.zb_v import zb_v
 from pipetrain.schedule.zero_bubble import zb_h1
 
 __all__ = [
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
     "TRAINING_SCHEDULES",
+    "V_SCHEDULES",
     "build_schedule",
     "canonical_name",
+    "default_stages_per_rank",
     "get_generator",
+    "schedule_placement",
+    "stages_per_rank_range",
 ]
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward")
+SCHEDULE_NAMES = (
+    "gpipe",
+    "1f1b",
+    "interleaved-1f1b",
+    "looped-bfs",
+    "zb-h1",
+    "zb-h2",
+    "zb-v",
+    "dualpipe-v",
+    "forward",
+)
 """The schedules :func:`build_schedule` knows, by their canonical name."""
 
 TRAINING_SCHEDULES = tuple(name for name in SCHEDULE_NAMES if name != "forward")
@@ -34,6 +52,9 @@ SCHEDULE_ALIASES = {
     "pipedream-flush": "1f1b",
     "interleaved": "interleaved-1f1b",
     "zero-bubble": "zb-h1",
+    "bfs": "looped-bfs",
+    "zbv": "zb-v",
+    "dualpipev": "dualpipe-v",
     "forward-only": "forward",
     "inference": "forward",
 }
@@ -44,7 +65,24 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
+    "looped-bfs": looped_bfs,
+    "zb-h2": zb_h2,
+    "zb-v": zb_v,
+    "dualpipe-v": dualpipe_v,
     "forward": forward_only,
+}
+
+V_SCHEDULES = ("zb-v", "dualpipe-v")
+"""The schedules with two stages per rank folded into a V (rank ``r`` holds stages
+``r`` and ``2K-1-r``)."""
+
+# stages per rank a schedule takes: (least, most); None: no upper bound
+_STAGES_PER_RANK: dict[str, tuple[int, int | None]] = {
+    "interleaved-1f1b": (2, None),
+    "looped-bfs": (2, None),
+    "zb-v": (2, 2),
+    "dualpipe-v": (2, 2),
+    "forward": (1, None),
 }
 
 
@@ -79,12 +117,46 @@ def get_generator(name: str) -> Callable[..., Schedule]:
     return _GENERATORS[canonical_name(name)]
 
 
-def _generate(key: str, num_ranks: int, num_microbatches: int, stages_per_rank: int) -> Schedule:
+def stages_per_rank_range(name: str) -> tuple[int, int | None]:
+    """The least and the most stages per rank a schedule takes (``None``: no bound).
+
+    Example:
+        >>> stages_per_rank_range("zb-v"), stages_per_rank_range("1f1b")
+        ((2, 2), (1, 1))
+    """
+    return _STAGES_PER_RANK.get(canonical_name(name), (1, 1))
+
+
+def default_stages_per_rank(name: str) -> int:
+    """Stages per rank a schedule runs unless told otherwise: its least.
+
+    Example:
+        >>> default_stages_per_rank("looped-bfs"), default_stages_per_rank("forward")
+        (2, 1)
+    """
+    return stages_per_rank_range(name)[0]
+
+
+def schedule_placement(name: str, num_ranks: int, stages_per_rank: int) -> tuple[int, ...]:
+    """Where a schedule puts its stages: the rank of each stage.
+
+    Example:
+        >>> schedule_placement("zb-v", 2, 2), schedule_placement("interleaved", 2, 2)
+        ((0, 1, 1, 0), (0, 1, 0, 1))
+    """
+    if canonical_name(name) in V_SCHEDULES:
+        return v_placement(num_ranks)
+    return loop_placement(num_ranks, stages_per_rank)
+
+
+def _generate(key: str, num_ranks: int, num_microbatches: int, stages_per_rank: int,
+              placement: Sequence[int] | None) -> Schedule:
     """The compute-only schedule of a canonical name."""
-    if key == "interleaved-1f1b":
-        return interleaved_1f1b(num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
+    if key in ("interleaved-1f1b", "looped-bfs"):
+        return _GENERATORS[key](num_ranks, num_microbatches, stages_per_rank=stages_per_rank)
     if key == "forward":
-        return forward_only(num_ranks * stages_per_rank, num_microbatches, stages_per_rank=stages_per_rank)
+        return forward_only(num_ranks * stages_per_rank, num_microbatches,
+                            stages_per_rank=stages_per_rank, stage_to_rank=placement)
     return _GENERATORS[key](num_ranks, num_microbatches)
 
 
@@ -98,11 +170,14 @@ def build_schedule(
     optimizer_step: bool = False,
     reduce: bool = False,
     replicas: Sequence[int] | None = None,
+    placement: Sequence[int] | None = None,
 ) -> Schedule:
     """Generate a schedule by name, lower it as asked, and validate it.
 
-    ``stages_per_rank > 1`` is for ``interleaved-1f1b`` (which needs at least 2) and
-    ``forward``. ``communication`` adds the sends and receives, ``optimizer_step`` the
+    ``stages_per_rank > 1`` is for ``interleaved-1f1b`` and ``looped-bfs`` (at least
+    2), ``zb-v`` and ``dualpipe-v`` (exactly 2) and ``forward``; ``placement`` (the rank
+    of each stage) is for ``forward`` only, to evaluate with a training schedule's
+    placement (default: looped). ``communication`` adds the sends and receives, ``optimizer_step`` the
     ``STEP`` s, ``reduce`` (with ``optimizer_step``) the gradient ``REDUCE`` s.
     ``replicas[p]`` gives pipeline rank ``p`` that many data-parallel replicas (see
     :mod:`pipetrain.schedule.replicated`): the schedule then has ``sum(replicas)`` ranks,
@@ -129,16 +204,25 @@ def build_schedule(
         },
         context=key,
     )
-    if key == "interleaved-1f1b" and stages_per_rank < 2:
+    least, most = stages_per_rank_range(key)
+    if least == most == 2 and stages_per_rank != 2:
         raise ValueError(
-            f"interleaved-1f1b needs stages_per_rank >= 2, got {stages_per_rank}; "
-            f"e.g. stages_per_rank=2 (or use '1f1b' for one stage per rank)"
+            f"{key} places exactly 2 stages per rank (a V: rank r holds stages r and "
+            f"2K-1-r), got stages_per_rank={stages_per_rank}; fix: stages_per_rank=2"
         )
-    if key not in ("interleaved-1f1b", "forward") and stages_per_rank != 1:
+    if stages_per_rank < least:
+        raise ValueError(
+            f"{key} needs stages_per_rank >= {least}, got {stages_per_rank}; "
+            f"e.g. stages_per_rank={least} (or use '1f1b' for one stage per rank)"
+        )
+    if most is not None and stages_per_rank > most:
         raise ValueError(
             f"{key} has one stage per rank, got stages_per_rank={stages_per_rank}; use "
             f"stages_per_rank=1, or 'interleaved-1f1b' for several stages per rank"
         )
+    if placement is not None and key != "forward":
+        raise ValueError(f"placement={tuple(placement)} is for 'forward' only; {key} places "
+                         "its stages itself")
     if reduce and not optimizer_step:
         raise ValueError("reduce=True needs optimizer_step=True (the STEP waits for the REDUCE)")
     uneven = replicas is not None and len(set(replicas)) > 1
@@ -157,10 +241,12 @@ def build_schedule(
         schedule = replicated_pipeline(key, replicas, num_microbatches)
     elif replicas is not None and replicas[0] > 1:
         schedule = uniform_replicas(
-            lambda n: _generate(key, num_ranks, n, stages_per_rank), num_microbatches, replicas[0]
+            lambda n: _generate(key, num_ranks, n, stages_per_rank, placement),
+            num_microbatches,
+            replicas[0],
         )
     else:
-        schedule = _generate(key, num_ranks, num_microbatches, stages_per_rank)
+        schedule = _generate(key, num_ranks, num_microbatches, stages_per_rank, placement)
     if communication:
         schedule = add_communication(schedule)
     if optimizer_step:
