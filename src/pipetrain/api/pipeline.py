@@ -40,6 +40,7 @@ from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.links import link_groups
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
@@ -159,17 +160,22 @@ class Pipeline:
         )
         self.optimizers.scalar_device = self._scalar_device
         self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout)
-        # point to point always travels over gloo (CPU buffers; see runtime.distributed);
-        # with another default backend (NCCL) the pipeline gets a gloo group of its own
-        p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        # tensors travel on the job's backend from device to device; headers on gloo: the
+        # job's group, or (NCCL) a gloo group of their own and one NCCL group per direction
+        # of each link (see runtime.distributed)
         placement = self.layout.placement()
+        on_gloo = dist.get_backend() == "gloo"
+        header_group = None if on_gloo else dist.new_group(backend="gloo")
+        data_groups = {} if on_gloo else link_groups(placement, rank=self.rank)
         inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
             placement=placement,
             inbound=inbound,
             outbound=outbound,
             timeout=config.timeout,
-            group=p2p_group,
+            group=header_group,
+            data_groups=data_groups,
+            device=self.device,
             check=self._monitor.check if self._monitor is not None else None,
             explain=self._monitor.explain if self._monitor is not None else None,
         )
