@@ -41,7 +41,8 @@ class CommStream:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream: torch.cuda.Stream | None = (
-            torch.cuda.Stream(device=device) if device.type == "cuda" else None
+            torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            if device.type == "cuda" else None
         )
 
     @contextlib.contextmanager
@@ -50,7 +51,7 @@ class CommStream:
         if self.stream is None:
             yield
             return
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))
         self.stream.wait_event(ready)
         with torch.cuda.stream(self.stream):

@@ -147,9 +147,9 @@ class DistTransport:
         if self._check is not None:
             try:
                 self._check()
-            except PipelineError as failure:
-                self.mailbox.fail(failure)
-                return failure
+            except PipelineError as found:
+                self.mailbox.fail(found)
+                return found
         failure = self.mailbox.error
         if not isinstance(failure, PipelineError):
             failure = self.explain_failure(error, peer=peer)
@@ -261,7 +261,7 @@ class DistTransport:
                 works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_OVERFLOW))
             else:
                 works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_HEADER))
-            timed = [(w, self._wait_timeout) for w in works]
+            timed: list[tuple[Any, datetime.timedelta | None]] = [(w, self._wait_timeout) for w in works]
             ops = [dist.P2POp(dist.isend, t, dst, data_group if route == DEVICE else self.group, TAG_DATA)
                    for route, t in encoded.apart]
             if ops:

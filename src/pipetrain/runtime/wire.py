@@ -128,7 +128,7 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -311,7 +311,7 @@ def decode(buffer: torch.Tensor) -> Header:
 
     def build(received: Sequence[torch.Tensor]) -> Any:
         leaves = [_fill(slot, received, apart) for slot in slots]
-        if form == _PICKLE:
+        if structure is not None:
             return unflatten(leaves, structure)
         return leaves[0] if form == _SINGLE else (tuple(leaves) if form == _TUPLE else leaves)
 
