@@ -240,7 +240,7 @@ class PeerMonitor:
     def _force_exit(self, grace: float) -> None:
         if self._acknowledged.wait(grace):
             return
-        message = f"{self._failure} (forced exit: the main thread did not stop in {grace:.0f} s)"
+        message = f"{self._failure} (forced exit: the main thread did not stop in {grace:g} s)"
         logger.critical("%s", message)
         sys.stderr.write(f"pipetrain: error: {message}\n")
         sys.stderr.flush()
