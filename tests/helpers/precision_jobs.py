@@ -68,21 +68,24 @@ def _poison(model: nn.Module, step: int, steps: Collection[int]) -> None:
             module.step, module.poison_steps = step, steps
 
 
-def reference(precision: str | None, num_microbatches: int, *, poison: bool) -> dict[str, Any]:
+def reference(precision: str | None, num_microbatches: int, *, poison: bool,
+              device: str = "cpu") -> dict[str, Any]:
     """Single-process training: each micro-batch's loss, weighted by its share, backward
     under the same autocast (none for ``None``); fp16 through torch.amp.GradScaler."""
     torch.set_num_threads(1)
-    model = nn.Sequential(*(f() for f in factories()))
-    initial = {f"layers.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    model = nn.Sequential(*(f() for f in factories())).to(device)
+    initial = {f"layers.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = (torch.amp.GradScaler("cpu", init_scale=SCALING.init_scale, growth_interval=SCALING.growth_interval)
+    scaler = (torch.amp.GradScaler(torch.device(device).type, init_scale=SCALING.init_scale,
+                                   growth_interval=SCALING.growth_interval)
               if precision == "fp16" else None)
     losses, scales = [], []
     for step, (x, y) in enumerate(batches()):
         _poison(model, step, (POISONED_STEP,) if poison else ())
+        x, y = x.to(device), y.to(device)
         total = 0.0
         for xs, ys in zip(split_batch(x, num_microbatches), split_batch(y, num_microbatches)):
-            with torch.autocast("cpu", dtype=DTYPES.get(precision, torch.bfloat16),
+            with torch.autocast(torch.device(device).type, dtype=DTYPES.get(precision, torch.bfloat16),
                                 enabled=precision is not None):
                 loss = F.mse_loss(model(xs), ys) * (len(xs) / len(x))
             total += loss.item()
@@ -95,7 +98,7 @@ def reference(precision: str | None, num_microbatches: int, *, poison: bool) -> 
             opt.step()
         opt.zero_grad()
         losses.append(total)
-    weights = {f"layers.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    weights = {f"layers.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return {"weights": weights, "losses": losses, "scales": scales, "initial": initial}
 
 
@@ -120,7 +123,7 @@ def pipeline_job(ctx: Any, configs: list[dict[str, Any]], poison_ranks: Collecti
             scales.append(scaler.scale if scaler is not None else None)
             skipped.append(pipe.last_step_skipped)
             changed.append(any(not torch.equal(b, p) for b, p in zip(before, pipe.parameters())))
-        weights = {k: v.detach().clone() for k, v in pipe.named_parameters().items()}
+        weights = {k: v.detach().cpu().clone() for k, v in pipe.named_parameters().items()}
         results.append({"weights": weights, "losses": losses, "scales": scales, "skipped": skipped,
                         "changed": changed})
         pipe.close()

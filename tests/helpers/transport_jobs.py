@@ -163,3 +163,71 @@ def dies_mid_message_job(ctx: Any, receive_thread: bool) -> tuple[str, float] | 
     finally:
         transport.close()
     return None
+
+
+CUDA_PATHS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("default (receive threads, host tensors inline)", {}),
+    ("host tensors apart too", {"inline_limit": 0}),
+    ("small capacity: large headers", {"capacity": 4096}),
+)
+
+
+def _on_device(value: Any, device: torch.device) -> Any:
+    """Floating tensors on ``device`` (sent from device memory), the others left on the host."""
+    from pipetrain.nested import map_tensors
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device).requires_grad_(t.requires_grad) if t.is_floating_point() else t
+
+    return map_tensors(move, value)
+
+
+def _same_on_devices(got: Any, want: Any, device: torch.device, where: str) -> None:
+    from pipetrain.nested import flatten
+
+    got_leaves, got_structure = flatten(got)
+    want_leaves, want_structure = flatten(want)
+    assert got_structure == want_structure, where
+    for n, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        if isinstance(w, torch.Tensor):
+            assert isinstance(g, torch.Tensor), f"{where} leaf {n}"
+            expected_device = device if w.is_cuda else torch.device("cpu")
+            assert g.device == expected_device, f"{where} leaf {n}: on {g.device}, not {expected_device}"
+            assert g.is_leaf and g.requires_grad == w.requires_grad, f"{where} leaf {n}: grad flags"
+            assert g.dtype == w.dtype and g.shape == w.shape, f"{where} leaf {n}: {g.dtype} {g.shape}"
+            assert torch.equal(g.detach().cpu(), w.detach().cpu()), f"{where} leaf {n}: values differ"
+        else:
+            assert g == w, f"{where} leaf {n}"
+
+
+def cuda_paths_job(ctx: Any) -> dict[str, int]:
+    """Two ranks on two GPUs (NCCL): device tensors through per-link NCCL groups, host
+    tensors inline or on the gloo header group; each message checked on arrival."""
+    placement = Placement([(0,), (1,), (0,)])
+    header_group = dist.new_group(backend="gloo")
+    data_groups = link_groups(placement, rank=ctx.rank)
+    inbound, outbound = channels_of(placement, ctx.rank)
+    checked: dict[str, int] = {}
+    for name, options in CUDA_PATHS:
+        transport = DistTransport(placement=placement, inbound=inbound, outbound=outbound, timeout=60,
+                                  group=header_group, data_groups=data_groups, device=ctx.device,
+                                  **options)
+        count = 0
+        for channel in inbound:
+            transport.expect(channel, list(range(NUM_MICROBATCHES)))
+        for channel in outbound:
+            for i in range(NUM_MICROBATCHES):
+                transport.send(channel, i, _on_device(message_value(channel, i), ctx.device))
+        for channel in inbound:
+            for i in reversed(range(NUM_MICROBATCHES)):
+                got = transport.recv(channel, i)
+                # the compute stream must see the data: reduce it there, then compare
+                torch.cuda.current_stream(ctx.device).synchronize()
+                _same_on_devices(got, _on_device(message_value(channel, i), ctx.device), ctx.device,
+                                 f"{name}: {channel} mb {i}")
+                count += 1
+        transport.flush()
+        transport.close()
+        checked[name] = count
+    dist.barrier(group=header_group)
+    return checked
