@@ -170,7 +170,8 @@ class Pipeline:
         placement = self.layout.placement()
         on_gloo = dist.get_backend() == "gloo"
         header_group = None if on_gloo else dist.new_group(backend="gloo")
-        data_groups = {} if on_gloo else link_groups(placement, rank=self.rank)
+        on_device = not on_gloo and self.device.type != "cpu"  # else all of it on gloo
+        data_groups = link_groups(placement, rank=self.rank) if on_device else {}
         inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
             placement=placement,

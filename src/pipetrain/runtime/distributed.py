@@ -282,6 +282,9 @@ class DistTransport:
     def close(self) -> None:
         for link in self._links.values():
             link.close()
+        for thread in self._threads:  # idle ones end at once; one blocked in a wait is left
+            thread.join(timeout=1.0)
+        self._threads.clear()
         self._links.clear()
         self._pending.clear()
         self.mailbox.clear()
