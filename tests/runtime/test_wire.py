@@ -85,3 +85,13 @@ def test_device_tensors_travel_apart_from_device_memory() -> None:
     got = decode(encoded.header).value([encoded.apart[0][1].clone()])
     assert got[0].is_cuda and torch.equal(got[0], x.detach()) and got[0].requires_grad
     assert torch.equal(got[1], torch.arange(3))  # the host tensor rode inline
+
+
+def test_an_empty_device_tensor_is_announced_but_carries_no_bytes() -> None:
+    empty = torch.empty(0, 4, device="meta")  # stands for a device tensor: never inline
+    encoded = encode((empty, torch.ones(2)), tag=0, microbatch=0, device_type="meta")
+    assert [(route, t.numel()) for route, t in encoded.apart] == [(DEVICE, 0)]
+    header = decode(encoded.header)
+    assert (header.apart[0].nbytes, header.apart[0].shape) == (0, (0, 4))
+    got = header.value([torch.empty(0, dtype=torch.uint8)])
+    assert got[0].shape == (0, 4) and torch.equal(got[1], torch.ones(2))

@@ -263,7 +263,7 @@ class DistTransport:
                 works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_HEADER))
             timed: list[tuple[Any, datetime.timedelta | None]] = [(w, self._wait_timeout) for w in works]
             ops = [dist.P2POp(dist.isend, t, dst, data_group if route == DEVICE else self.group, TAG_DATA)
-                   for route, t in encoded.apart]
+                   for route, t in encoded.apart if t.numel()]  # an empty tensor is not sent
             if ops:
                 timed.extend((w, self._timeout_of(g)) for w, g in post_batch(ops))
         self._pending.append((timed, tensors, dst))

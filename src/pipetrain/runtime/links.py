@@ -195,7 +195,8 @@ class InboundLink:
                 received = torch.empty(spec.nbytes, dtype=torch.uint8,
                                        device=self.device if on_device else _CPU)
                 group = self.data_group if on_device else self.header_group
-                ops.append(dist.P2POp(dist.irecv, received, self.src, group, TAG_DATA))
+                if spec.nbytes:  # an empty tensor is not sent
+                    ops.append(dist.P2POp(dist.irecv, received, self.src, group, TAG_DATA))
                 buffers.append(received)
             works = post_batch(ops) if ops else []
         timed = [(w, self.header_timeout if g is self.header_group else self.data_timeout)

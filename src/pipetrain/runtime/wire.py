@@ -178,8 +178,6 @@ class _Router:
             self.offset = _align(offset + nbytes)
             self.inline_left -= nbytes
             return INLINE, offset
-        if nbytes == 0:
-            return DEVICE if on_device or self.device_type == "cpu" else HOST, 0
         route = DEVICE if on_device or self.device_type == "cpu" else HOST
         self.apart.append((route, _as_bytes(tensor, to_host=not on_device)))
         return route, 0
@@ -279,10 +277,9 @@ def decode(buffer: torch.Tensor) -> Header:
 
     def tensor(dtype: torch.dtype, shape: tuple[int, ...], route: int, offset: int, grad: bool) -> None:
         nbytes = _nbytes(dtype, shape)
-        if route == INLINE or nbytes == 0:
+        if route == INLINE:
             start = data_start + offset
-            view = buffer[start : start + nbytes] if route == INLINE else torch.empty(0, dtype=torch.uint8)
-            slots.append(view.view(dtype).view(shape).requires_grad_(grad))
+            slots.append(buffer[start : start + nbytes].view(dtype).view(shape).requires_grad_(grad))
         else:
             slots.append((len(apart), grad))
             apart.append(Apart(route, dtype, shape, nbytes))
