@@ -82,7 +82,7 @@ monitor = PeerMonitor(dist.HashStore(), rank=0, world_size=2, namespace="t", int
                       dead_after=60, grace=grace)
 monitor.start()
 monitor.explain(RuntimeError("Connection closed by peer [127.0.0.1]:4711"), 1)  # a failure found
-time.sleep(4)  # the main thread never looks: stuck in a call that cannot see the failure
+time.sleep(2.5)  # the main thread never looks: stuck in a call that cannot see the failure
 print("main thread went on")
 """
 

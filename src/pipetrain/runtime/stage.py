@@ -167,8 +167,8 @@ class StageCompute:
             loss = None
             if target is not None and self.loss_fn is not None:
                 loss = self._loss(output, target)
-        if loss is not None and loss_scale is not None:
-            loss = loss * loss_scale
+                if loss_scale is not None:
+                    loss = loss * loss_scale
         return output, loss
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
