@@ -71,3 +71,32 @@ def test_a_broken_connection_is_recorded_as_the_peers_failure_not_this_ranks(mon
     monitor.report_error(RuntimeError("Read error [10.0.0.2]:62639: Connection reset by peer"))
     failure = monitor.explain(RuntimeError("timed out"), 0)  # what any other rank would then read
     assert failure.dead_ranks == (1,) and "rank 1 (on host node-b) died" in str(failure)
+
+
+_STUCK = """
+import sys, time
+import torch.distributed as dist
+from pipetrain.runtime.monitor import PeerMonitor
+grace = None if sys.argv[1] == "none" else float(sys.argv[1])
+monitor = PeerMonitor(dist.HashStore(), rank=0, world_size=2, namespace="t", interval=0.05,
+                      dead_after=60, grace=grace)
+monitor.start()
+monitor.explain(RuntimeError("Connection closed by peer [127.0.0.1]:4711"), 1)  # a failure found
+time.sleep(2.5)  # the main thread never looks: stuck in a call that cannot see the failure
+print("main thread went on")
+"""
+
+
+@pytest.mark.parametrize("grace", ["none", "0.5"])
+def test_the_forced_exit_is_opt_in(grace: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STUCK, grace], capture_output=True, text=True,
+                          timeout=60)
+    if grace == "none":  # the default never ends the caller's process
+        assert done.returncode == 0 and "main thread went on" in done.stdout, done.stderr
+    else:
+        assert done.returncode == -9 and "main thread went on" not in done.stdout
+        assert "forced exit: the main thread did not stop in 0.5 s" in done.stderr
+        assert "rank 1 died" in done.stderr

@@ -2,8 +2,8 @@
 
 Every rank writes the parameters and optimizer state of its own stages under their
 global names (``layers.5.weight``), so a checkpoint taken with K stages loads into a
-run with any other number of stages or replicas. The step, the LR schedulers and the
-caller's extra state (data position, ...) travel with it. Random streams are a function
+run with any other number of stages or replicas. The step, the LR schedulers, fp16's
+loss scale and the caller's extra state (data position, ...) travel with it. Random streams are a function
 of (seed, step), so restoring the step restores them.
 
 A save is atomic: it is written to ``PATH.partial`` and renamed over ``PATH`` only when
@@ -55,6 +55,7 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, Any]:
     optimizers = list(pipeline.optimizers.optimizers.values())
     schedulers = pipeline.optimizers.schedulers
+    scaler = getattr(pipeline.optimizers, "scaler", None)
     return {
         "model": pipeline.model.state_dict(),
         "optim": get_optimizer_state_dict(pipeline.model, optimizers, options=_OPTIONS),
@@ -63,6 +64,7 @@ def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, 
             {
                 "step": pipeline.step,
                 "scheduler": next(iter(schedulers.values())).state_dict() if schedulers else None,
+                "loss_scale": scaler.state_dict() if scaler is not None else None,
                 "extra": extra,
             }
         ),
@@ -176,6 +178,9 @@ def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dic
     if meta.get("scheduler") is not None:
         for scheduler in pipeline.optimizers.schedulers.values():
             scheduler.load_state_dict(meta["scheduler"])
+    scaler = getattr(pipeline.optimizers, "scaler", None)
+    if meta.get("loss_scale") is not None and scaler is not None:
+        scaler.load_state_dict(meta["loss_scale"])
     extra: dict[str, Any] | None = meta.get("extra")
     return extra
 

@@ -15,6 +15,7 @@ from pipetrain.api.user_schedule import (
     user_schedule_problems,
 )
 from pipetrain.checkpoint import CHECKPOINT_MODES
+from pipetrain.runtime.precision import LossScaling, precision_problem
 from pipetrain.schedule import (
     TRAINING_SCHEDULES,
     Schedule,
@@ -88,6 +89,21 @@ class PipelineConfig:
     counts); ``ignore`` applies it anyway."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
+    mixed_precision: str | None = None
+    """``"bf16"`` or ``"fp16"``: every stage's forward, recomputation and loss run under
+    ``torch.autocast`` with that dtype, parameters and optimizer state stay float32; fp16
+    also scales the loss dynamically (:attr:`loss_scaling`), skipping on every stage a
+    step whose gradients overflow on any. ``None``: float32. See
+    :mod:`pipetrain.runtime.precision`."""
+    loss_scaling: LossScaling | None = None
+    """The dynamic loss scale's settings with ``mixed_precision="fp16"`` (default:
+    ``LossScaling()``, torch.amp.GradScaler's defaults)."""
+    exit_when_stuck: float | None = None
+    """Seconds after a peer's failure is found after which this process is ended (SIGKILL,
+    the failure written to stderr first) if its main thread still has not seen it (it is
+    blocked in a call that cannot see it: a collective, a wait on a peer that froze
+    without closing its connections). ``None`` (default): such calls end at their own
+    timeout (:attr:`timeout`); the process is never ended behind the caller's back."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
     _user_schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -241,6 +257,24 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
         found.append(
             f"{say('nonfinite', v['nonfinite'])} must be one of {', '.join(NONFINITE_POLICIES)}"
         )
+    problem = precision_problem(v["mixed_precision"], spelled=say("mixed_precision", v["mixed_precision"]))
+    if problem is not None:
+        found.append(problem)
+    scaling = v["loss_scaling"]
+    if scaling is not None:
+        if not isinstance(scaling, LossScaling):
+            found.append(f"{say('loss_scaling', scaling)} must be a LossScaling, e.g. "
+                         "loss_scaling=LossScaling(init_scale=1024.0)")
+        else:
+            found.extend(scaling.problems())
+            if v["mixed_precision"] != "fp16":
+                found.append(f"loss_scaling is set but {say('mixed_precision', v['mixed_precision'])}"
+                             f"; fix: {say('mixed_precision', 'fp16')} (only fp16 scales the loss)")
+    stuck = v["exit_when_stuck"]
+    if stuck is not None and not (isinstance(stuck, (int, float)) and not isinstance(stuck, bool)
+                                  and stuck > 0):
+        found.append(f"{say('exit_when_stuck', stuck)} must be a positive number of seconds or "
+                     f"None, e.g. {say('exit_when_stuck', 20.0)}")
     timeout = v["timeout"]
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         found.append(f"{say('timeout', timeout)} must be a positive number of seconds, e.g. "

@@ -26,6 +26,7 @@ from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
 from pipetrain.runtime.executor import Placement, RankExecutor
+from pipetrain.runtime.precision import autocast_dtype
 from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
@@ -155,6 +156,12 @@ class GPipe(nn.Module):
             :mod:`pipetrain.runtime.shared_recompute`). ``0`` keeps torchgpipe's peak
             activation memory exactly; idle workers then help only when a partition
             holds no graph at all.
+        mixed_precision: ``'bf16'`` or ``'fp16'``: every partition's forward (and the
+            recomputation of its checkpointed micro-batches) runs under
+            ``torch.autocast`` of its device with that dtype; parameters stay float32.
+            With fp16, scale the loss with ``torch.amp.GradScaler`` as for any model
+            (one process: its overflow check covers every partition). See
+            :mod:`pipetrain.runtime.precision`.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
@@ -185,6 +192,7 @@ class GPipe(nn.Module):
         timeout: float = 300.0,
         fuse_weight_gradients: bool = True,
         recompute_ahead: int = 1,
+        mixed_precision: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential) or len(module) > 0:
@@ -197,6 +205,7 @@ class GPipe(nn.Module):
                 "fix: recompute_ahead=1 (the default) lets idle workers rebuild one "
                 "micro-batch ahead, recompute_ahead=0 keeps torchgpipe's peak memory"
             )
+        autocast = autocast_dtype(mixed_precision)
         num_chunks = _chunks(chunks)
         mode = str(checkpoint)  # like torchgpipe: any value whose str() is a mode
         if mode not in CHECKPOINT_MODES:
@@ -216,6 +225,8 @@ class GPipe(nn.Module):
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
         self.timeout = timeout
+        self.mixed_precision = mixed_precision
+        self._autocast = autocast
         partitions = split_module(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
             partition.to(device)
@@ -274,6 +285,7 @@ class GPipe(nn.Module):
                     rng=rng,
                     first_layer=sum(self.balance[:j]),
                     fuse_weight_gradients=self.fuse_weight_gradients,
+                    autocast=self._autocast,
                 )
                 executors.append(
                     RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},

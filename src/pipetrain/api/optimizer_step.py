@@ -8,6 +8,12 @@ checks the step (:mod:`.grad_check`: the global gradient norm, each weight count
 over all stages, and whether every loss was finite), clips by the global norm, then each
 ``STEP(j)`` steps stage ``j``'s optimizer and LR scheduler and zeroes its gradients. A
 non-finite step applies no update on any stage (unless ``nonfinite='ignore'``).
+
+With fp16's loss scaler (:class:`~pipetrain.runtime.precision.LossScaler`) the same
+check decides the step: the gradients are unscaled when it is finite (the norm reported
+and clipped is the unscaled one), the step is skipped on every stage when it is not
+(whatever ``nonfinite`` says: an overflow is expected, not an error), and the scale is
+updated the same way on every rank.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipetrain.api.grad_check import GradCheck, check_gradients
+from pipetrain.runtime.precision import LossScaler
 
 __all__ = ["OptimizerFactory", "SchedulerFactory", "StageOptimizers", "TiedParameter"]
 
@@ -69,6 +76,7 @@ class StageOptimizers:
         clip_grad_norm: float | None = None,
         nonfinite: str = "error",
         release: Callable[[int], None] | None = None,
+        scaler: LossScaler | None = None,
     ) -> None:
         self.release = release
         """Called with a stage after its step to reset its gradients (default:
@@ -96,6 +104,11 @@ class StageOptimizers:
         self.losses_finite: Callable[[], bool] = lambda: True
         """Whether the losses this rank computed in the current step are all finite (set
         by the pipeline for each step)."""
+        self.scaler = scaler
+        """fp16's dynamic loss scale (the gradients arrive multiplied by its scale)."""
+        self.overflowed = False
+        """Whether the last step was skipped for a gradient overflow under fp16 loss
+        scaling (every loss finite)."""
         self._pending: dict[int, _Pending] = {}
         self._stepped = False
         self._apply = True
@@ -123,6 +136,7 @@ class StageOptimizers:
         self._pending.clear()
         self._stepped = False
         self._apply = True
+        self.overflowed = False
         self.last_check = None
 
     # -- REDUCE -------------------------------------------------------------------------
@@ -162,13 +176,15 @@ class StageOptimizers:
         return [p for key, p in unique.items() if key not in tied_elsewhere]
 
     def _check(self) -> None:
-        if self.clip_grad_norm is None and self.nonfinite == "ignore":
+        if self.clip_grad_norm is None and self.nonfinite == "ignore" and self.scaler is None:
             return
         check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
                                 replicas=self.dp_size, device=self.scalar_device,
                                 group=self.check_group)
+        if self.scaler is not None:
+            check = self._unscale(check, self.scaler)
         self.last_check = check
-        if not check.finite and self.nonfinite != "ignore":
+        if not check.finite and (self.nonfinite != "ignore" or self.scaler is not None):
             self._apply = False
             return
         if self.clip_grad_norm is not None:
@@ -176,6 +192,17 @@ class StageOptimizers:
             torch.nn.utils.clip_grads_with_norm_(
                 list(unique.values()), self.clip_grad_norm, torch.tensor(check.grad_norm)
             )
+
+    def _unscale(self, check: GradCheck, scaler: LossScaler) -> GradCheck:
+        """The check of the unscaled gradients: divides them by the scale when finite and
+        updates the scale (the same decision on every rank)."""
+        self.overflowed = check.loss_finite and not check.finite
+        if check.finite:
+            unique = {id(p): p for params in self.stage_params.values() for p in params}
+            scaler.unscale_([p.grad for p in unique.values() if p.grad is not None])
+        norm = check.grad_norm / scaler.scale
+        scaler.update(finite=check.finite)
+        return GradCheck(grad_norm=norm, loss_finite=check.loss_finite)
 
     def step(self, stage: int) -> None:
         if not self._stepped:

@@ -40,6 +40,8 @@ from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
+from pipetrain.runtime.links import link_groups
+from pipetrain.runtime.precision import LossScaler, autocast_dtype
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
@@ -143,6 +145,7 @@ class Pipeline:
                                     device=self._scalar_device),
             streams=self._streams, device=self.device, loss_fn=loss_fn,
             fuse_weight_gradients=config.fuse_weight_gradients,
+            autocast=autocast_dtype(config.mixed_precision),
         )
         self._norms = DeferredNorms(self.layers.values(), group=self._replica_group,
                                     replicas=self.num_replicas)
@@ -156,20 +159,28 @@ class Pipeline:
             clip_grad_norm=config.clip_grad_norm,
             nonfinite=config.nonfinite,
             release=lambda stage: self.stages[stage].release_gradients(),
+            scaler=LossScaler(config.loss_scaling) if config.mixed_precision == "fp16" else None,
         )
         self.optimizers.scalar_device = self._scalar_device
-        self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout)
-        # point to point always travels over gloo (CPU buffers; see runtime.distributed);
-        # with another default backend (NCCL) the pipeline gets a gloo group of its own
-        p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout,
+                                      exit_after=config.exit_when_stuck)
+        # tensors travel on the job's backend from device to device; headers on gloo: the
+        # job's group, or (NCCL) a gloo group of their own and one NCCL group per direction
+        # of each link (see runtime.distributed)
         placement = self.layout.placement()
+        on_gloo = dist.get_backend() == "gloo"
+        header_group = None if on_gloo else dist.new_group(backend="gloo")
+        on_device = not on_gloo and self.device.type != "cpu"  # else all of it on gloo
+        data_groups = link_groups(placement, rank=self.rank) if on_device else {}
         inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
             placement=placement,
             inbound=inbound,
             outbound=outbound,
             timeout=config.timeout,
-            group=p2p_group,
+            group=header_group,
+            data_groups=data_groups,
+            device=self.device,
             check=self._monitor.check if self._monitor is not None else None,
             explain=self._monitor.explain if self._monitor is not None else None,
         )
@@ -250,6 +261,10 @@ class Pipeline:
         first batch must fill them all; a later, smaller batch (the last of an epoch)
         runs as fewer micro-batches, with the same math.
 
+        With ``mixed_precision="fp16"`` a step whose gradients overflow (its losses
+        finite) is skipped on every stage and lowers the loss scale, without an error
+        (:attr:`last_step_skipped` tells); :attr:`step` advances.
+
         Raises:
             NonFiniteError: the loss or the global gradient norm is not finite (with
                 ``nonfinite='error'``); no stage applied the update and :attr:`step`
@@ -257,10 +272,12 @@ class Pipeline:
         """
         batches = self._splitter.train(inputs, targets)
         n = len(batches.inputs)
+        scaler = self.optimizers.scaler
+        loss_scale = 1.0 if scaler is None else scaler.scale  # fp16: backward of S x loss
         io = StepIO(
             inputs=batches.inputs if 0 in self.local_stages else None,
             targets=batches.targets if self._holds_last else None,
-            loss_scales=batches.scales,
+            loss_scales=[s * loss_scale for s in batches.scales],
             checkpointed=self._schedules.checkpointed(self.config.checkpoint, self.schedule_name,
                                                       n, rank=self.rank),
         )
@@ -273,9 +290,9 @@ class Pipeline:
         self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
-        loss = self._mean_loss(io)
+        loss = self._mean_loss(io) / loss_scale
         self.last_step_skipped = self.optimizers.skipped
-        if self.last_step_skipped and self.config.nonfinite == "error":
+        if self.last_step_skipped and self.config.nonfinite == "error" and not self.optimizers.overflowed:
             raise NonFiniteError.at_step(self.step + 1, loss=loss,
                                          grad_norm=self.optimizers.last_grad_norm)
         self.step += 1

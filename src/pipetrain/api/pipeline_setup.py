@@ -60,8 +60,10 @@ def replica_group(layout: Layout, *, pipeline_rank: int) -> Any:
     return mine
 
 
-def start_monitor(context: DistContext | None, *, rank: int, dead_after: float) -> PeerMonitor | None:
-    """Start the heartbeats of this rank (a collective: the ranks agree on a namespace)."""
+def start_monitor(context: DistContext | None, *, rank: int, dead_after: float,
+                  exit_after: float | None = None) -> PeerMonitor | None:
+    """Start the heartbeats of this rank (a collective: the ranks agree on a namespace);
+    ``exit_after``: see :class:`~pipetrain.runtime.monitor.PeerMonitor`'s ``grace``."""
     if context is None:
         return None
     token = [uuid.uuid4().hex if rank == 0 else None]
@@ -72,6 +74,7 @@ def start_monitor(context: DistContext | None, *, rank: int, dead_after: float) 
         world_size=dist.get_world_size(),
         namespace=str(token[0]),
         dead_after=dead_after,
+        grace=exit_after,
         store_host_rank=context.store_host_rank,
     )
     monitor.start()

@@ -92,6 +92,7 @@ def build_stages(
     device: torch.device,
     loss_fn: LossFn,
     fuse_weight_gradients: bool,
+    autocast: torch.dtype | None = None,
 ) -> dict[int, StageCompute]:
     """The compute of this rank's model stages, each running its layers seeded one by one.
 
@@ -120,6 +121,7 @@ def build_stages(
             rng=streams,
             first_layer=layout.layer_ranges[j].start,
             fuse_weight_gradients=fuse_weight_gradients,
+            autocast=autocast,
         )
     return stages
 

@@ -42,6 +42,7 @@ FLAGS = {
     "seed": "--seed",
     "timeout": "--timeout",
     "nonfinite": "--nonfinite",
+    "mixed_precision": "--precision",
     "num_layers": "--layers",
     "width": "--width",
     "num_heads": "--heads",
@@ -144,6 +145,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(training, "--nonfinite", default="error", choices=("error", "skip"),
         help="a step with a non-finite loss or gradient norm: stop with an error, keeping "
              "the last good weights (error, the default), or skip its update (skip)")
+    add(training, "--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+        help="fp32 (default), or mixed precision: bf16 or fp16 autocast in every stage, "
+             "float32 weights; fp16 with a dynamic loss scale that skips overflowing steps")
     model = parser.add_argument_group("model")
     add(model, "--layers", type=_positive_int, default=4, help="transformer blocks (default 4)")
     add(model, "--width", type=_positive_int, default=64, help="embedding width (default 64)")
@@ -189,6 +193,10 @@ def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "timeout": args.timeout,
         "nonfinite": args.nonfinite,
+        "mixed_precision": None if args.precision == "fp32" else args.precision,
+        # the workers are the command's own processes: one that a peer's failure left
+        # blocked in a collective ends 20 s after the failure is found
+        "exit_when_stuck": 20.0,
     }
 
 

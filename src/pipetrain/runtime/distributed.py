@@ -1,17 +1,31 @@
 """The torch.distributed transport: stages in other processes, point to point over c10d.
 
-Each message is one CPU buffer made by :mod:`.wire` (metadata and tensors together),
-sent with ``isend`` over a gloo process group (tensors on a GPU are staged through it;
-the receiving stage moves them to its device). gloo delivers a message into a receive
-buffer at least as large as the message, so receives need not know the size: when a
-step starts, :meth:`DistTransport.expect` posts every receive the step will need into
-buffers of the transport's *capacity*, and the data flows while the rank computes. A
-message larger than the capacity is announced by a small notice and follows on the
-channel's overflow tag, into a buffer of its exact size.
+A message is a header and the tensors that travel apart from it (:mod:`.wire`), on the
+link from its sender to its receiver (:mod:`.links`). Tensors keep their device: on a
+GPU they go through the job's backend (NCCL) from the sender's device memory into a
+buffer on the receiver's device, issued on a communication stream
+(:mod:`.comm_stream`), as torch's own pipelining does. The header (shapes, dtypes,
+nested structure, ``requires_grad``; so dynamic shapes and uneven micro-batches need no
+warm-up) travels on a small gloo side channel: the job's group on the CPU, a gloo group
+of its own under NCCL.
 
-Nothing runs in the background: a receive is waited for when the schedule's receive
-action runs. A dead peer breaks the connection and the wait fails at once; a silent one
-is caught by the peer monitor.
+Receives are posted early. When a step starts, :meth:`DistTransport.expect` posts a
+header receive for every message the step will get, into buffers of the transport's
+*capacity* (gloo delivers a message into any buffer at least as large); a header larger
+than that is announced by a notice and follows on an overflow tag. Each header's data
+receives are posted as soon as the header is in.
+
+One code path, one difference on the CPU: host tensors whose bytes fit in
+``inline_limit`` travel *inside* their header (one gloo message per activation instead
+of two; the 2-core CPU benchmark's case), and larger ones apart, exactly as device
+tensors do. ``inline_limit=0`` sends everything apart (the NCCL path, run on gloo).
+
+Who takes the headers: with ``receive_thread`` one thread per inbound link waits for
+them as they come and posts their data receives at once (needed where the data must
+flow before the receive action runs: NCCL, and large apart messages); the main thread
+then waits in the mailbox, where the peer monitor's failure wakes it. Without it the
+main thread takes the headers itself when a receive action runs (a dead peer still
+fails its wait at once: its connection closes).
 """
 
 from __future__ import annotations
@@ -19,25 +33,40 @@ from __future__ import annotations
 import collections
 import datetime
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pipetrain.runtime.comm_stream import CommStream
 from pipetrain.runtime.errors import PeerFailure, PipelineError
+from pipetrain.runtime.links import (
+    TAG_DATA,
+    TAG_HEADER,
+    TAG_OVERFLOW,
+    Arrival,
+    InboundLink,
+    post_batch,
+    wait_work,
+)
 from pipetrain.runtime.transport import Channel, Mailbox, Placement
-from pipetrain.runtime.wire import KIND_LARGE, pack, pack_large_notice, read_prefix, unpack
+from pipetrain.runtime.wire import DEVICE, encode, encode_notice
 
-__all__ = ["DEFAULT_CAPACITY", "DistTransport"]
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_INLINE_LIMIT", "DistTransport"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 1 << 20
-"""Bytes of a pre-posted receive; larger messages take a second message."""
-_OVERFLOW_TAG = 1 << 20
-_CPU = torch.device("cpu")
+"""Bytes of a pre-posted header receive; larger headers take a second message."""
+DEFAULT_INLINE_LIMIT = DEFAULT_CAPACITY - (16 << 10)
+"""Bytes of host tensors a header carries inline (the rest of the capacity: metadata)."""
 _MAX_PENDING_SENDS = 256
+
+
+def _is_nccl(group: Any) -> bool:
+    return bool(dist.get_backend(group) == "nccl")
 
 
 class DistTransport:
@@ -45,10 +74,13 @@ class DistTransport:
 
     ``placement`` names the *global* rank that runs each micro-batch of each stage (with
     replicated stages, a channel's messages come from and go to several ranks, by
-    micro-batch). ``inbound`` and ``outbound`` list this rank's channels; ``group`` is the process group of the point
-    to point traffic (a gloo group; default: the world). ``check`` raises when the peer
-    monitor found a dead peer; ``explain`` turns a communication error into the error
-    the user sees (naming the rank that failed first).
+    micro-batch). ``inbound`` and ``outbound`` list this rank's channels. ``group`` is
+    the gloo group of the headers (default: the world); ``data_groups`` the data group
+    of each link ``(src, dst)`` (default: ``group``; with NCCL, from
+    :func:`~pipetrain.runtime.links.link_groups`); ``device`` where received device
+    tensors land (this rank's device). ``check`` raises when the peer monitor found a
+    dead peer; ``explain`` turns a communication error into the error the user sees
+    (naming the rank that failed first).
 
     Example (inside an initialized gloo job of two ranks)::
 
@@ -66,28 +98,45 @@ class DistTransport:
         outbound: Iterable[Channel],
         timeout: float,
         group: dist.ProcessGroup | None = None,
+        data_groups: Mapping[tuple[int, int], dist.ProcessGroup] | None = None,
+        device: torch.device | None = None,
         check: Callable[[], None] | None = None,
         explain: Callable[[BaseException, int], PipelineError] | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        inline_limit: int | None = None,
+        receive_thread: bool | None = None,
     ) -> None:
         self.placement = placement
-        self.group = group
+        self.group = group if group is not None else dist.group.WORLD
+        self.data_groups = dict(data_groups or {})
+        self.device = device if device is not None else torch.device("cpu")
         self.timeout = timeout
         self.capacity = capacity
+        self.inline_limit = min(DEFAULT_INLINE_LIMIT, capacity // 2) if inline_limit is None else inline_limit
+        self.receive_thread = (self.device.type != "cpu" if receive_thread is None else receive_thread)
+        self.rank = dist.get_rank()
+        """This process's global rank."""
         self.mailbox = Mailbox()
-        """Received values not yet asked for, and the first failure (if any)."""
+        """Arrived messages not yet asked for, and the first failure (if any)."""
+        self.streams = CommStream(self.device)
         self._check = check
         self._explain = explain
         self._outbound = set(outbound)
-        self._inbound = set(inbound)
-        # posted receives by (channel, source rank), in the order they were posted
-        self._posted: dict[tuple[Channel, int], collections.deque[tuple[Any, torch.Tensor]]] = {
-            (c, src): collections.deque() for c in self._inbound for src in placement.ranks(c.src_stage)
-        }
-        self._pending: collections.deque[tuple[Any, torch.Tensor, int]] = collections.deque()
-        """Posted sends: (work, buffer kept alive until done, destination rank)."""
+        self._inbound = {c.tag: c for c in inbound}
+        self._links: dict[int, InboundLink] = {}
+        self._threads: list[threading.Thread] = []
+        self._pending: collections.deque[tuple[list[tuple[Any, Any]], list[torch.Tensor], int]] = (
+            collections.deque())
+        """Posted sends: ((work, timeout) pairs, tensors kept alive until done, destination)."""
         self._wait_timeout = datetime.timedelta(seconds=timeout)
 
+    def _data_group(self, src: int, dst: int) -> Any:
+        return self.data_groups.get((src, dst), self.group)
+
+    def _timeout_of(self, group: Any) -> datetime.timedelta | None:
+        return None if _is_nccl(group) else self._wait_timeout
+
+    # -- failures -----------------------------------------------------------------------
     def explain_failure(self, error: BaseException, *, peer: int) -> PipelineError:
         """Turn a communication error with ``peer`` into the error the user sees."""
         if self._explain is not None:
@@ -95,64 +144,101 @@ class DistTransport:
         return PeerFailure(f"communication with rank {peer} failed: {error}", dead_ranks=(peer,))
 
     def _fail(self, error: BaseException, peer: int) -> PipelineError:
+        if self._check is not None:
+            try:
+                self._check()
+            except PipelineError as found:
+                self.mailbox.fail(found)
+                return found
         failure = self.mailbox.error
         if not isinstance(failure, PipelineError):
             failure = self.explain_failure(error, peer=peer)
             self.mailbox.fail(failure)
         return failure
 
-    def _wait(self, work: Any, peer: int) -> None:
+    def _wait(self, work: Any, timeout: datetime.timedelta | None, peer: int) -> None:
         if self.mailbox.error is not None:
             raise self.mailbox.error
         try:
-            work.wait(self._wait_timeout)
+            wait_work(work, timeout=timeout)
         except Exception as error:
-            if self._check is not None:
-                try:
-                    self._check()
-                except PipelineError as failure:
-                    self.mailbox.fail(failure)
-                    raise failure from error
             raise self._fail(error, peer) from error
 
     # -- receiving ----------------------------------------------------------------------
-    def expect(self, channel: Channel, microbatches: Sequence[int]) -> None:
-        """Post the receives of ``microbatches`` on ``channel`` now (data flows in
-        meanwhile), each from the rank that runs it on the sending stage."""
-        if channel not in self._inbound:
-            raise PipelineError(
-                f"no inbound channel {channel} on this rank (inbound: {sorted(self._inbound)})"
+    def _link(self, src: int) -> InboundLink:
+        link = self._links.get(src)
+        if link is None:
+            data_group = self._data_group(src, self.rank)
+            link = InboundLink(
+                src, header_group=self.group, data_group=data_group, device=self.device,
+                capacity=self.capacity, streams=self.streams, header_timeout=self._wait_timeout,
+                data_timeout=self._timeout_of(data_group), deliver=self._deliver,
             )
-        for microbatch in microbatches:
-            src = self.placement.rank(channel.src_stage, microbatch)
-            buffer = torch.empty(self.capacity, dtype=torch.uint8)
-            work = dist.irecv(buffer, src=src, group=self.group, tag=channel.tag)
-            self._posted[(channel, src)].append((work, buffer))
+            self._links[src] = link
+            if self.receive_thread:
+                thread = threading.Thread(target=link.run, args=(self._thread_failed,),
+                                          name=f"pipetrain-recv-{src}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return link
+
+    def _deliver(self, tag: int, microbatch: int, arrival: Arrival) -> None:
+        channel = self._inbound.get(tag)
+        if channel is None:
+            raise PipelineError(
+                f"rank {arrival.src} sent a message with tag {tag}, which is no inbound channel "
+                f"of this rank ({sorted(map(str, self._inbound.values()))}): the ranks run "
+                "different layouts"
+            )
+        self.mailbox.put(channel, microbatch, arrival)
+
+    def _thread_failed(self, error: BaseException, src: int) -> None:
+        self._fail(error, src)
+
+    def expect(self, channel: Channel, microbatches: Sequence[int]) -> None:
+        """Post the header receives of ``microbatches`` on ``channel`` now, each from the
+        rank that runs it on the sending stage."""
+        if channel.tag not in self._inbound:
+            raise PipelineError(
+                f"no inbound channel {channel} on this rank (inbound: "
+                f"{sorted(map(str, self._inbound.values()))})"
+            )
+        counts: dict[int, int] = collections.Counter(
+            self.placement.rank(channel.src_stage, i) for i in microbatches)
+        for src, count in sorted(counts.items()):
+            self._link(src).post(count)
+
+    def _arrival(self, channel: Channel, microbatch: int) -> Arrival:
+        if self.receive_thread:
+            arrival: Arrival = self.mailbox.get(channel, microbatch, timeout=self.timeout,
+                                                check=self._check)
+            return arrival
+        src = self.placement.rank(channel.src_stage, microbatch)
+        link = self._link(src)
+        while True:
+            waiting = self.mailbox.take(channel, microbatch)
+            if waiting is not Mailbox.EMPTY:
+                return waiting  # type: ignore[no-any-return]
+            if self.mailbox.error is not None:
+                raise self.mailbox.error
+            try:
+                advanced = link.advance()
+            except PipelineError:
+                raise
+            except Exception as error:
+                raise self._fail(error, src) from error
+            if not advanced:
+                raise PipelineError(
+                    f"the {channel.kind}s of micro-batch {microbatch} on channel {channel} were "
+                    "never announced with expect(): the action list and the transport disagree"
+                )
 
     def recv(self, channel: Channel, microbatch: int) -> Any:
-        waiting = self.mailbox.take(channel, microbatch)
-        if waiting is not Mailbox.EMPTY:
-            return waiting
-        src = self.placement.rank(channel.src_stage, microbatch)
-        posted = self._posted[(channel, src)]
-        while posted:
-            work, buffer = posted.popleft()
-            self._wait(work, src)
-            kind, sent_for, _, total = read_prefix(buffer)
-            if kind == KIND_LARGE:
-                buffer = torch.empty(total, dtype=torch.uint8)
-                large = dist.irecv(buffer, src=src, group=self.group, tag=channel.tag + _OVERFLOW_TAG)
-                self._wait(large, src)
-            elif total * 4 < self.capacity:
-                buffer = buffer[:total].clone()  # do not pin a whole capacity per message
-            message = unpack(buffer)
-            if sent_for == microbatch:
-                return message.value
-            self.mailbox.put(channel, sent_for, message.value)
-        raise PipelineError(
-            f"the {channel.kind}s of micro-batch {microbatch} on channel {channel} were never "
-            "announced with expect(): the action list and the transport disagree"
-        )
+        arrival = self._arrival(channel, microbatch)
+        for work, timeout in arrival.works:
+            self._wait(work, timeout, arrival.src)
+        self.streams.arrived(arrival.buffers)
+        return arrival.header.value(arrival.buffers)
 
     # -- sending ------------------------------------------------------------------------
     def send(self, channel: Channel, microbatch: int, value: Any) -> None:
@@ -161,29 +247,44 @@ class DistTransport:
         if channel not in self._outbound:
             raise PipelineError(f"no outbound channel {channel} on this rank")
         dst = self.placement.rank(channel.dst_stage, microbatch)
-        buffer = pack(value, microbatch=microbatch, device=_CPU)
-        if buffer.numel() > self.capacity:
-            self._post(pack_large_notice(microbatch=microbatch, total=buffer.numel()), dst, channel.tag)
-            self._post(buffer, dst, channel.tag + _OVERFLOW_TAG)
-        else:
-            self._post(buffer, dst, channel.tag)
-
-    def _post(self, buffer: torch.Tensor, dst: int, tag: int) -> None:
-        work = dist.isend(buffer, dst=dst, group=self.group, tag=tag)
-        self._pending.append((work, buffer, dst))
+        encoded = encode(value, tag=channel.tag, microbatch=microbatch,
+                         device_type=self.device.type, inline_limit=self.inline_limit)
+        header = encoded.header
+        data_group = self._data_group(self.rank, dst)
+        tensors = [header] + [t for _, t in encoded.apart]
+        with self.streams.sending(t for _, t in encoded.apart):
+            works = []
+            if header.numel() > self.capacity:
+                notice = encode_notice(tag=channel.tag, microbatch=microbatch, total=header.numel())
+                tensors.append(notice)
+                works.append(dist.isend(notice, dst=dst, group=self.group, tag=TAG_HEADER))
+                works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_OVERFLOW))
+            else:
+                works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_HEADER))
+            timed: list[tuple[Any, datetime.timedelta | None]] = [(w, self._wait_timeout) for w in works]
+            ops = [dist.P2POp(dist.isend, t, dst, data_group if route == DEVICE else self.group, TAG_DATA)
+                   for route, t in encoded.apart if t.numel()]  # an empty tensor is not sent
+            if ops:
+                timed.extend((w, self._timeout_of(g)) for w, g in post_batch(ops))
+        self._pending.append((timed, tensors, dst))
         while len(self._pending) > _MAX_PENDING_SENDS:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
-        work, _, dst = self._pending.popleft()
-        self._wait(work, dst)
+        works, _, dst = self._pending.popleft()
+        for work, timeout in works:
+            self._wait(work, timeout, dst)
 
     def flush(self) -> None:
         while self._pending:
             self._finish_oldest()
 
     def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        for thread in self._threads:  # idle ones end at once; one blocked in a wait is left
+            thread.join(timeout=1.0)
+        self._threads.clear()
+        self._links.clear()
         self._pending.clear()
-        for posted in self._posted.values():
-            posted.clear()
         self.mailbox.clear()

@@ -4,8 +4,16 @@ Every rank runs a heartbeat thread that bumps a counter in the job's c10d store 
 watches everyone else's. A rank whose counter stops moving for ``dead_after`` seconds is
 declared dead. When a rank sees a broken connection it asks the store for the root cause
 first, so the ranks that exit *because* a neighbour died do not get blamed: every rank
-reports the rank that died first. If the main thread is stuck in a call that cannot see
-the failure, the monitor ends the process after ``grace`` seconds with the same message.
+reports the rank that died first.
+
+A failure found by the heartbeats reaches the main thread through ``on_failure`` (the
+pipeline fails its transport's mailbox, waking a receive that waits there) and
+:meth:`PeerMonitor.check`. A call that cannot see it (a collective, or a gloo wait on a
+peer that froze without closing its connections) ends at its own timeout: every wait of
+the runtime is bounded. A process that would rather end sooner opts in with ``grace``:
+if the main thread has not seen the failure ``grace`` seconds after it was found, the
+monitor writes it to stderr and ends the process with ``SIGKILL`` (``os.kill``; the
+launcher sees a worker killed by a signal). The default never ends the caller's process.
 
 In a job that spans hosts, peers are named with their host (``rank 1 (on host node-b)``),
 and a raw gloo error that quotes a peer's ``[ip]:port`` is traced back to its rank through
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -34,12 +43,9 @@ from pipetrain.runtime.roster import (
     read_roster,
 )
 
-__all__ = ["EXIT_PEER_FAILURE", "PeerMonitor", "is_communication_error"]
+__all__ = ["PeerMonitor", "is_communication_error"]
 
 logger = logging.getLogger(__name__)
-
-EXIT_PEER_FAILURE = 75
-"""Exit status of a process that the monitor ended because a peer died."""
 
 
 def is_communication_error(error: BaseException) -> bool:
@@ -80,7 +86,7 @@ class PeerMonitor:
         namespace: str,
         interval: float = 0.5,
         dead_after: float = 10.0,
-        grace: float = 20.0,
+        grace: float | None = None,
         store_host_rank: int | None = None,
         on_failure: Callable[[PeerFailure], None] | None = None,
     ) -> None:
@@ -227,16 +233,18 @@ class PeerMonitor:
         logger.error("%s", failure)
         if self.on_failure is not None:
             self.on_failure(failure)
-        threading.Thread(target=self._force_exit, name="pipetrain-exit", daemon=True).start()
+        if self.grace is not None:
+            threading.Thread(target=self._force_exit, args=(self.grace,), name="pipetrain-exit",
+                             daemon=True).start()
 
-    def _force_exit(self) -> None:
-        if self._acknowledged.wait(self.grace):
+    def _force_exit(self, grace: float) -> None:
+        if self._acknowledged.wait(grace):
             return
-        message = f"{self._failure} (forced exit: the main thread did not stop in {self.grace:.0f} s)"
+        message = f"{self._failure} (forced exit: the main thread did not stop in {grace:g} s)"
         logger.critical("%s", message)
         sys.stderr.write(f"pipetrain: error: {message}\n")
         sys.stderr.flush()
-        os._exit(EXIT_PEER_FAILURE)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     # -- heartbeat --------------------------------------------------------------------
     def _run(self) -> None:

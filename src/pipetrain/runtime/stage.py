@@ -39,6 +39,7 @@ from pipetrain.backward.split import (
 )
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
+from pipetrain.runtime.precision import stage_autocast
 from pipetrain.runtime.rng import LayerHook, RandomStreams
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
@@ -75,7 +76,8 @@ class StageCompute:
     leave with the output (empty without skip connections). With ``rng`` every forward
     runs the layers of ``module`` (its children if it is an ``nn.Sequential``, else the
     module itself) one by one, layer ``l`` of them seeded as global layer
-    ``first_layer + l`` (see :mod:`.rng`).
+    ``first_layer + l`` (see :mod:`.rng`). With ``autocast`` (a dtype) the forward, its
+    recomputation and the loss run under ``torch.autocast`` (see :mod:`.precision`).
 
     Example:
         >>> stage = StageCompute(nn.Linear(2, 2), stage_index=0, device=torch.device("cpu"))
@@ -97,6 +99,7 @@ class StageCompute:
         rng: RandomStreams | None = None,
         first_layer: int = 0,
         fuse_weight_gradients: bool = True,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.module = module
         self.stage_index = stage_index
@@ -109,6 +112,9 @@ class StageCompute:
         """Global index of the stage's first layer (the key of its random stream)."""
         self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
         self.fuse = fuse_weight_gradients
+        self.autocast = autocast
+        """Autocast dtype of the forward, its recomputation and the loss (see
+        :mod:`.precision`); ``None``: none."""
         self.gradient_pool = GradientPool()
         """Gradient buffers of this stage kept across optimizer steps (see
         :meth:`release_gradients`)."""
@@ -154,14 +160,15 @@ class StageCompute:
             skips = dict(zip(self.skips_in, skip_list))
         else:
             value, skips = message, {}
-        output, skips_out = self._call(microbatch, value, skips)
-        if self.skips_out:
-            output = (output, [skips_out[key] for key in self.skips_out])
-        loss = None
-        if target is not None and self.loss_fn is not None:
-            loss = self._loss(output, target)
-            if loss_scale is not None:
-                loss = loss * loss_scale
+        with stage_autocast(self.device, self.autocast):
+            output, skips_out = self._call(microbatch, value, skips)
+            if self.skips_out:
+                output = (output, [skips_out[key] for key in self.skips_out])
+            loss = None
+            if target is not None and self.loss_fn is not None:
+                loss = self._loss(output, target)
+                if loss_scale is not None:
+                    loss = loss * loss_scale
         return output, loss
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
