@@ -77,6 +77,9 @@ class LayerProfile:
     microbatch_backward_s: float | None = None
     microbatch_backward_input_s: float | None = None
     microbatch_backward_weight_s: float | None = None
+    optimizer_step_s: float | None = None
+    """Seconds of one step of the profile's optimizer over the layer's parameters (None:
+    not measured); it does not depend on the batch size."""
 
     @property
     def compute_s(self) -> float:
