@@ -42,7 +42,8 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
 
 
 def test_json_for_a_pipedream_profile(graph_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = _json(capsys, "--profile", str(graph_file), "--workers", "4", "--bandwidth", "1e9")
+    data = _json(capsys, "--profile", str(graph_file), "--workers", "4", "--bandwidth", "1e9",
+                 "--cost-model", "pipedream")
     # node2 and node3 on one worker: 0.3 + 0.1 s. Replicating them costs more than it saves
     # (node3's 400 MB all-reduce), and cutting after node2 sends 1 GB (2 s); the 3 other
     # workers, all of which must be used, go to node4.
@@ -60,7 +61,7 @@ def test_straight_json_matches_hand_computation(
 ) -> None:
     # 3 stages of one layer: node3 receives 1 GB (2 s at 1 GB/s), the slowest term
     data = _json(capsys, "--profile", str(graph_file), "--workers", "3", "--bandwidth", "1e9",
-                 "--straight")
+                 "--straight", "--cost-model", "pipedream")
     assert [s["nodes"] for s in data["stages"]] == [["node2"], ["node3"], ["node4"]]  # type: ignore[union-attr]
     assert data["time_per_step"] == pytest.approx(2.0)
 
@@ -70,7 +71,7 @@ def test_table_and_plan_file(
 ) -> None:
     out = tmp_path / "plan.json"
     assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2",
-                 "--bandwidth", "1e10", "1e9", "--out", str(out)]) == 0
+                 "--bandwidth", "1e10", "1e9", "--out", str(out), "--cost-model", "pipedream"]) == 0
     text = capsys.readouterr().out
     assert "2 x 2 workers" in text and "predicted time per step:" in text
     assert "speedup:" in text and f"plan written to {out}" in text
@@ -85,7 +86,7 @@ def test_json_profile_of_a_layer_sequence(
     path = tmp_path / "profile.json"
     chain([1, 2, 3, 4]).save(path)
     data = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
-                 "--straight")
+                 "--straight", "--cost-model", "pipedream")
     assert [s["nodes"] for s in data["stages"]] == [[0, 1, 2], [3]]  # type: ignore[union-attr]
     assert data["time_per_step"] == 6.0
 

@@ -16,7 +16,7 @@ from .helpers import chain, graph
 
 def test_round_trip_through_a_file(tmp_path: Path) -> None:
     profile = graph("abcd", [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [1, 5, 10, 5])
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(3, 1e9)))
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(3, 1e9), cost_model="pipedream"))
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)
@@ -32,7 +32,8 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 
 def test_sequences_name_layers_by_index() -> None:
     profile = chain([1, 2, 3, 4])
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(2, 1e9), straight=True))
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(2, 1e9), cost_model="pipedream",
+                                            straight=True))
     assert [s.nodes for s in plan.stages] == [(0, 1, 2), (3,)]
     assert plan.layer_indices(profile) == [[0, 1, 2], [3]]
 

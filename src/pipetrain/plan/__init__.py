@@ -8,10 +8,12 @@ Example:
     >>> from pipetrain.plan import LayerProfile, PlannerConfig, Profile, Topology, make_plan
     >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0)
     ...                for k in range(4))
-    >>> plan = make_plan(Profile(layers=layers),
+    >>> plan = make_plan(Profile(layers=layers, batch_size=8),
     ...                  PlannerConfig(topology=Topology.flat(2, 1e9), straight=True))
-    >>> [stage.nodes for stage in plan.stages], plan.time_per_step
-    ([(0, 1), (2, 3)], 6.0)
+    >>> [stage.nodes for stage in plan.stages], plan.schedule, plan.num_microbatches
+    ([(0, 1), (2, 3)], '1f1b', 8)
+    >>> plan.time_per_step  # 8 micro-batches of 0.75 s per stage, and one more to fill
+    6.75
 """
 
 from typing import Any

@@ -197,6 +197,14 @@ class CutGraph:
         """The node indices in cut ``b`` but not in cut ``a`` (ascending)."""
         return _bit_indices(self.cuts[b] & ~self.cuts[a])
 
+    def node_ids(self, a: int, b: int) -> tuple[str | int, ...]:
+        """The ids of the nodes between cuts ``a`` and ``b`` as plans name them: layer
+        indices for a layer sequence, the profile's node names for a graph."""
+        nodes = self.nodes_between(a, b)
+        if self.profile.is_sequence:
+            return tuple(nodes)
+        return tuple(self.profile.layers[v].name for v in nodes)
+
     def stage_sum(self, name: str, a: int, b: int) -> float:
         """The sum of ``name`` (one of ``compute_s``, ``parameter_bytes``,
         ``activation_bytes``, ``weight_memory_bytes``, ``saved_bytes``, ``forward_s``,

@@ -1,0 +1,108 @@
+"""A plan's step, simulated: the schedule the pipeline runs, timed with the profile's costs.
+
+For a plan (its stages' loads per micro-batch and their replica counts) and a
+:class:`~pipetrain.plan.costs_pipetrain.Candidate`, :func:`simulate_step` builds the
+schedule the runtime runs for it (``build_schedule`` with sends and receives, the
+gradient all-reduce and the optimizer step, as ``Pipeline`` builds it) and times it with
+:func:`pipetrain.schedule.simulate` under these per-stage costs (:func:`step_costs`):
+
+- forward ``F``; backward ``B`` (the whole backward as one pass); its halves ``I`` and
+  ``W`` for the zero-bubble schedules; a re-materialized forward adds ``F`` to the
+  backward (or to ``I``), spread evenly over the stage's micro-batches with
+  ``except_last`` (which recomputes all but one);
+- a message between stages arrives ``bytes / bandwidth`` after its send: one latency per
+  stage, for the larger of its input and output activations (exact when they are the
+  same size, as between transformer blocks; an upper bound otherwise);
+- a replicated stage's gradient all-reduce, ring: ``2 (r - 1) / r * G / bandwidth``,
+  in the background until its optimizer step;
+- the optimizer step, as profiled.
+
+The makespan is the predicted time per step.
+
+Example:
+    >>> from pipetrain.plan.costs import StageLoad
+    >>> from pipetrain.plan.costs_pipetrain import Candidate
+    >>> loads = [StageLoad(compute_s=3.0, forward_s=1.0, parameter_bytes=0.0,
+    ...                    activation_bytes=0.0, input_bytes=0.0, output_bytes=0.0,
+    ...                    is_first=j == 0, is_last=j == 1) for j in range(2)]
+    >>> simulate_step(loads, [1, 1], Candidate(schedule="gpipe", num_microbatches=2),
+    ...               bandwidth=1e9).makespan
+    9.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipetrain.plan.costs import StageLoad
+from pipetrain.plan.costs_pipetrain import Candidate, recomputed_forwards
+from pipetrain.schedule import Costs, Schedule, SimulationResult, build_schedule, simulate
+
+__all__ = ["simulate_step", "step_costs", "step_schedule"]
+
+
+def step_schedule(candidate: Candidate, replicas: Sequence[int]) -> Schedule:
+    """The validated schedule of one step of a pipeline whose stage ``j`` has
+    ``replicas[j]`` replicas, as the runtime builds it.
+
+    Raises:
+        ValueError: the schedule cannot run these replica counts (the message says why).
+    """
+    counts = tuple(replicas)
+    return build_schedule(
+        candidate.schedule,
+        num_ranks=len(counts),
+        num_microbatches=candidate.num_microbatches,
+        optimizer_step=True,
+        reduce=True,
+        replicas=counts if max(counts) > 1 else None,
+    )
+
+
+def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
+               bandwidth: float) -> Costs:
+    """Per-stage action costs of the plan (see the module docstring).
+
+    Example:
+        >>> from pipetrain.plan.costs import StageLoad
+        >>> load = StageLoad(compute_s=3.0, forward_s=1.0, backward_input_s=1.5,
+        ...                  backward_weight_s=1.0, parameter_bytes=0.0, activation_bytes=0.0,
+        ...                  input_bytes=0.0, output_bytes=0.0, is_first=True, is_last=True,
+        ...                  gradient_bytes=1e9)
+        >>> c = step_costs([load], [2], Candidate(num_microbatches=4, checkpoint="always"),
+        ...                bandwidth=1e9)
+        >>> c.backward, c.backward_input, c.reduce  # recompute 1 s, all-reduce of 1 GB
+        ((3.0,), (2.5,), (1.0,))
+    """
+    forward, backward, inputs, weights, latency, reduce, step = ([] for _ in range(7))
+    for load, r in zip(loads, replicas):
+        per_replica = -(-candidate.num_microbatches // r)
+        share = recomputed_forwards(candidate.checkpoint, per_replica) / per_replica
+        recompute = share * load.forward_s
+        forward.append(load.forward_s)
+        backward.append(max(0.0, load.compute_s - load.forward_s) + recompute)
+        inputs.append(load.backward_input_s + recompute)
+        weights.append(load.backward_weight_s)
+        latency.append(max(load.input_bytes, load.output_bytes) / bandwidth)
+        reduce.append(2 * (r - 1) / r * load.gradient_bytes / bandwidth)
+        step.append(load.optimizer_step_s)
+    return Costs(
+        forward=tuple(forward),
+        backward=tuple(backward),
+        backward_input=tuple(inputs),
+        backward_weight=tuple(weights),
+        communication=tuple(latency),
+        reduce=tuple(reduce),
+        step=tuple(step),
+    )
+
+
+def simulate_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
+                  bandwidth: float) -> SimulationResult:
+    """One step of the plan, simulated; its ``makespan`` is the predicted step time.
+
+    Raises:
+        ValueError: the schedule cannot run these replica counts.
+    """
+    schedule = step_schedule(candidate, replicas)
+    return simulate(schedule, step_costs(loads, replicas, candidate, bandwidth=bandwidth))
