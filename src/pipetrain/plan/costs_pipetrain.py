@@ -48,7 +48,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipetrain.plan.costs import LevelContext, StageLoad, StageRow, scan_memory_replicas
+from pipetrain.plan.costs import (
+    LevelContext,
+    StageLoad,
+    StageRow,
+    scan_memory_replicas,
+    scan_min_replicas,
+)
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -56,6 +62,7 @@ __all__ = [
     "UNRUNNABLE_TIME",
     "Candidate",
     "PipetrainCostModel",
+    "ReplicaGroups",
     "activation_bytes",
     "in_flight",
     "recomputed_forwards",
@@ -255,6 +262,51 @@ class PipetrainCostModel:
         max_replicas: int,
         indices: Sequence[int] | None = None,
     ) -> list[int]:
+        return scan_memory_replicas(self, row, memory_limit=memory_limit,
+                                    workers_after=workers_after, max_replicas=max_replicas,
+                                    indices=indices)
+
+
+class ReplicaGroups:
+    """A cost model seen in groups of ``size`` replicas: a stage on ``r`` groups is a stage
+    on ``r * size`` replicas. A straight search over ``W / size`` groups finds the plans
+    whose every stage has ``size`` replicas (the layouts a schedule that needs the same
+    replica count everywhere can run).
+
+    Example:
+        >>> from pipetrain.plan.costs import LevelContext, StageLoad
+        >>> load = StageLoad(compute_s=1.0, parameter_bytes=0.0, activation_bytes=0.0,
+        ...                  input_bytes=0.0, output_bytes=0.0, is_first=True, is_last=True)
+        >>> model = PipetrainCostModel(Candidate(num_microbatches=4))
+        >>> ReplicaGroups(model, 2).stage_time(load, replicas=1, level=LevelContext(bandwidth=1e9))
+        2.0
+    """
+
+    replicas_monotone = False
+
+    def __init__(self, model: PipetrainCostModel, size: int) -> None:
+        self.model, self.size = model, size
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def stage_time(self, load: StageLoad, *, replicas: int, level: LevelContext) -> float:
+        return self.model.stage_time(load, replicas=replicas * self.size, level=level)
+
+    def stage_memory(self, load: StageLoad, *, replicas: int, workers_from_stage: int) -> float:
+        return self.model.stage_memory(load, replicas=replicas * self.size,
+                                       workers_from_stage=workers_from_stage * self.size)
+
+    def min_replicas(self, row: StageRow, *, level: LevelContext, time_limit: float,
+                     max_replicas: int, at_least: int = 1,
+                     indices: Sequence[int] | None = None) -> list[int]:
+        return scan_min_replicas(self, row, level=level, time_limit=time_limit,
+                                 max_replicas=max_replicas, at_least=at_least, indices=indices)
+
+    def memory_replicas(self, row: StageRow, *, memory_limit: float,
+                        workers_after: Sequence[int], max_replicas: int,
+                        indices: Sequence[int] | None = None) -> list[int]:
         return scan_memory_replicas(self, row, memory_limit=memory_limit,
                                     workers_after=workers_after, max_replicas=max_replicas,
                                     indices=indices)
