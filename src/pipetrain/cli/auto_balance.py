@@ -47,8 +47,8 @@ def _planner_config(args: argparse.Namespace, stages: int) -> Any:
     topology = Topology.flat(stages, LOOPBACK_BANDWIDTH)
     if stages_per_rank(args) > 1:
         return PlannerConfig(topology=topology, straight=True, cost_model="pipedream")
-    fixed = {field: (getattr(args, option),) for option, _, field in _CHOICES
-             if option in args.given}
+    fixed: dict[str, Any] = {field: (getattr(args, option),) for option, _, field in _CHOICES
+                             if option in args.given}
     return PlannerConfig(topology=topology, straight=True, cost_model="pipetrain", **fixed)
 
 

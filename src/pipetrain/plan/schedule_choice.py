@@ -151,14 +151,14 @@ def _advice(found: list[Search], config: PlannerConfig) -> str:
         return (f"no plan on {workers} workers runs with {counts or 'the'} micro-batches "
                 "per step (a stage cannot have more replicas than micro-batches); fix: a "
                 "larger batch in the profile, more --microbatches, or --fewer-workers")
-    if config.straight:
+    if config.straight:  # more stages may fit where these workers cannot
         needed = [straight_stages_needed(FlatSearch(
             e.search.graph, model=e.search.model, level=e.search.level,
             num_workers=e.search.graph.num_nodes, straight=True, memory_limit=limit))
             for e in found if e.group == 1]
         fitting = [n for n in needed if n is not None]
-        if not fitting or min(fitting) > workers:
-            return straight_advice(limit, workers, min(fitting) if fitting else None)
+        if fitting and min(fitting) > workers:
+            return straight_advice(limit, workers, min(fitting))
     smallest = [smallest_memory(e.search, fewer_workers=config.fewer_workers) for e in found]
     values = [m for m in smallest if m is not None]
     if not values:
