@@ -28,7 +28,8 @@ from pipetrain.cli.train_options import stages_per_rank
 from pipetrain.data import TextDataset
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
 
-__all__ = ["LOOPBACK_BANDWIDTH", "agree_on_balance", "plan_balance_for"]
+__all__ = ["LOOPBACK_BANDWIDTH", "agree_on_balance", "plan_balance_for", "plan_choices",
+           "planner_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ _CHOICES = (("schedule", "schedule", "schedules"),
 """(option, plan field, PlannerConfig field) of the choices a plan makes."""
 
 
-def _planner_config(args: argparse.Namespace, stages: int) -> Any:
+def planner_config(args: argparse.Namespace, stages: int) -> Any:
+    """The :class:`~pipetrain.plan.PlannerConfig` of the run: a straight pipeline of
+    ``stages``, with the schedule, micro-batches and checkpoint mode the user gave."""
     from pipetrain.plan import PlannerConfig, Topology
 
     topology = Topology.flat(stages, LOOPBACK_BANDWIDTH)
@@ -65,8 +68,24 @@ def plan_balance_for(args: argparse.Namespace, model_config: GPTConfig, dataset:
                             microbatch_size=microbatch, loss_fn=gpt_loss, target=targets,
                             device=device)
     stages = args.stages * stages_per_rank(args)
-    plan = make_plan(profile, _planner_config(args, stages))
+    plan = make_plan(profile, planner_config(args, stages))
     return [len(stage.nodes) for stage in plan.stages], plan, profile
+
+
+def plan_choices(args: argparse.Namespace, plan: Any) -> dict[str, Any]:
+    """The options the plan sets: its schedule, micro-batches and checkpoint mode, where
+    it chose them and the user did not give them.
+
+    Example:
+        >>> from pipetrain.plan import Plan, PlanStage
+        >>> plan = Plan(stages=(PlanStage(nodes=(0,), replicas=1),), cost_model="pipetrain",
+        ...             time_per_step=1.0, num_workers=1, schedule="zb-h1",
+        ...             num_microbatches=4, checkpoint="never")
+        >>> plan_choices(argparse.Namespace(given={"schedule"}), plan)
+        {'microbatches': 4, 'checkpoint': 'never'}
+    """
+    return {option: getattr(plan, field) for option, field, _ in _CHOICES
+            if getattr(plan, field) is not None and option not in args.given}
 
 
 def agree_on_balance(args: argparse.Namespace, model_config: GPTConfig, dataset: TextDataset,
@@ -80,8 +99,7 @@ def agree_on_balance(args: argparse.Namespace, model_config: GPTConfig, dataset:
         os.makedirs(args.out, exist_ok=True)
         profile.save(os.path.join(args.out, "profile.json"))
         plan.save(os.path.join(args.out, "plan.json"))
-        chosen = {option: getattr(plan, field) for option, field, _ in _CHOICES
-                  if getattr(plan, field) is not None and option not in args.given}
+        chosen = plan_choices(args, plan)
         logger.info("--balance auto: %s %s (predicted %.4g s per step)", balance, chosen,
                     plan.time_per_step)
         box = [(balance, chosen)]
