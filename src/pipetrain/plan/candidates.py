@@ -121,19 +121,39 @@ def count_plans(search: FlatSearch, *, fewer_workers: bool, limit: int) -> int:
         >>> count_plans(s, fewer_workers=False, limit=100)  # 1 stage x 2, or 2 stages of 1
         3
     """
+    ways = _ways(search, limit)
+    counts = range(1, search.num_workers + 1) if fewer_workers else (search.num_workers,)
+    return min(limit + 1, sum(ways[0][m] for m in counts))
+
+
+def _ways(search: FlatSearch, limit: int) -> list[list[int]]:
+    """``ways[cut][m]``: the plans of the rest of the model from the cut on exactly ``m``
+    workers, counted up to ``limit + 1``."""
     g, workers = search.graph, search.num_workers
     top = 1 if search.straight else workers
-    # ways[cut][m]: plans of the rest of the model from the cut on exactly m workers
     ways = [[0] * (workers + 1) for _ in range(g.num_cuts)]
     ways[g.full][0] = 1
+    # within[b][m]: plans from cut b on m - top .. m - 1 workers (what a stage starting
+    # before b, on 1..top of the m workers, leaves them)
+    within = [[0] * (workers + 1) for _ in range(g.num_cuts)]
+
+    def settle(b: int) -> None:
+        rest, total, sums = ways[b], 0, within[b]
+        for m in range(1, workers + 1):
+            total += rest[m - 1] - (rest[m - 1 - top] if m - 1 - top >= 0 else 0)
+            sums[m] = total
+
+    settle(g.full)
     for a in range(g.full - 1, -1, -1):
+        here = ways[a]
         for b in g.supersets(a):
-            rest = ways[b]
+            sums = within[b]
             for m in range(1, workers + 1):
-                ways[a][m] = min(limit + 1, ways[a][m] + sum(rest[m - r] for r in
-                                                             range(1, min(m, top) + 1)))
-    counts = range(1, workers + 1) if fewer_workers else (workers,)
-    return min(limit + 1, sum(ways[0][m] for m in counts))
+                here[m] += sums[m]
+        for m in range(1, workers + 1):
+            here[m] = min(limit + 1, here[m])
+        settle(a)
+    return ways
 
 
 def _every_plan(search: FlatSearch, fewer_workers: bool) -> list[Stages]:
@@ -142,16 +162,19 @@ def _every_plan(search: FlatSearch, fewer_workers: bool) -> list[Stages]:
     g, workers, model = search.graph, search.num_workers, search.model
     top = 1 if search.straight else workers
     limit = search.memory_limit
+    ways = _ways(search, EXHAUSTIVE_PLANS)
     out: list[Stages] = []
 
     def extend(a: int, left: int, stages: Stages) -> None:
         if a == g.full:
-            if left == 0:
-                out.append(list(stages))
+            out.append(list(stages))
             return
         for b in g.supersets(a):
+            fitting = [r for r in range(1, min(left, top) + 1) if ways[b][left - r]]
+            if not fitting:
+                continue
             load = search.load(a, b)
-            for r in range(1, min(left, top) + 1):
+            for r in fitting:
                 if model.stage_time(load, replicas=r, level=search.level) >= UNRUNNABLE_TIME:
                     continue
                 if limit is not None and model.stage_memory(

@@ -13,7 +13,9 @@ For every micro-batch count ``N``, checkpoint mode and kind of layout (the searc
    search of :mod:`pipetrain.plan.flat`);
 3. simulates each of those plans' step under each schedule of the search that can run it
    (:mod:`pipetrain.plan.simulated_step`): fill and drain, messages, the all-reduce of
-   replicated stages, the optimizer step;
+   replicated stages, the optimizer step; in the order of a lower bound of the step (each
+   rank's work, one action after the other), stopping at the first bound above the best
+   step found (a plan it skips cannot be faster);
 
 and keeps the fastest simulated step (then the least memory, then ``1f1b``, ``zb-h1``,
 ``gpipe`` in that order, then fewer micro-batches).
@@ -57,7 +59,7 @@ from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
 from pipetrain.plan.planner_config import PlannerConfig
 from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch, Stages
-from pipetrain.plan.simulated_step import simulate_step
+from pipetrain.plan.simulated_step import simulate_step, step_lower_bound
 
 __all__ = ["plan_pipetrain"]
 
@@ -84,10 +86,21 @@ class _Scored:
         return self.step, self.memory, rank, c.num_microbatches
 
 
-def _score(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
-           ) -> _Scored | None:
-    """The plan's simulated step under ``schedule``; None when it cannot run it or does
-    not fit the memory limit."""
+@dataclass(frozen=True)
+class _Option:
+    """A plan under one schedule, not simulated yet: its lower bound and memory."""
+
+    bound: float
+    memory: float
+    candidate: Candidate
+    search: FlatSearch
+    stages: Stages
+
+
+def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
+            ) -> _Option | None:
+    """The plan under ``schedule``; None when the schedule cannot run it or it does not
+    fit the memory limit."""
     search, base = entry.search, entry.candidate
     candidate = Candidate(schedule=schedule, num_microbatches=base.num_microbatches,
                           checkpoint=base.checkpoint)
@@ -96,18 +109,26 @@ def _score(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
     loads = [search.load(a, b) for a, b, _ in stages]
     if not all(model.runs(load, r) for load, r in zip(loads, replicas)):
         return None
-    try:
-        step = simulate_step(loads, replicas, candidate, bandwidth=search.level.bandwidth).makespan
-    except ValueError as error:
-        logger.debug("%s cannot run %s: %s", schedule, replicas, error)
-        return None
     after, memory = sum(replicas), 0.0
     for load, r in zip(loads, replicas):
         memory = max(memory, model.stage_memory(load, replicas=r, workers_from_stage=after))
         after -= r
     if config.memory_limit is not None and memory > config.memory_limit:
         return None
-    return _Scored(candidate, search, stages, step, memory)
+    try:
+        bound = step_lower_bound(loads, replicas, candidate, bandwidth=search.level.bandwidth)
+    except ValueError as error:
+        logger.debug("%s cannot run %s: %s", schedule, replicas, error)
+        return None
+    return _Option(bound, memory, candidate, search, stages)
+
+
+def _simulated(option: _Option) -> _Scored:
+    search = option.search
+    loads = [search.load(a, b) for a, b, _ in option.stages]
+    step = simulate_step(loads, [r for _, _, r in option.stages], option.candidate,
+                         bandwidth=search.level.bandwidth).makespan
+    return _Scored(option.candidate, search, option.stages, step, option.memory)
 
 
 def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
@@ -128,15 +149,26 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
             f"hierarchical planner), or plan the flat cluster (--workers "
             f"{config.topology.num_workers} --bandwidth {config.topology.levels[-1].bandwidth:g})"
         )
-    best: _Scored | None = None
     found = searches(profile, config)
-    for entry in found:
+    options = [
+        option
+        for entry in found
         for stages in entry.plans(fewer_workers=config.fewer_workers, exhaustive=exhaustive,
-                                  depth_budget=depth_budget):
-            for schedule in entry.schedules:
-                scored = _score(entry, stages, schedule, config)
-                if scored is not None and (best is None or scored.key < best.key):
-                    best = scored
+                                  depth_budget=depth_budget)
+        for schedule in entry.schedules
+        if (option := _option(entry, stages, schedule, config)) is not None
+    ]
+    options.sort(key=lambda option: option.bound)
+    best: _Scored | None = None
+    simulated = 0
+    for option in options:  # in the order of their lower bounds, until none can win
+        if best is not None and option.bound > best.step:
+            break
+        scored = _simulated(option)
+        simulated += 1
+        if best is None or scored.key < best.key:
+            best = scored
+    logger.debug("%d plans listed, %d simulated", len(options), simulated)
     if best is None:
         raise ValueError(_advice(found, config))
     return _plan(profile, best, config)

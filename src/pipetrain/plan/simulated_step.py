@@ -32,31 +32,82 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from pipetrain.plan.costs import StageLoad
 from pipetrain.plan.costs_pipetrain import Candidate, recomputed_forwards
-from pipetrain.schedule import Costs, Schedule, SimulationResult, build_schedule, simulate
+from pipetrain.schedule import (
+    Costs,
+    Op,
+    Schedule,
+    SimulationResult,
+    build_schedule,
+    simulate,
+)
 
-__all__ = ["simulate_step", "step_costs", "step_schedule"]
+__all__ = [
+    "simulate_step",
+    "step_costs",
+    "step_lower_bound",
+    "step_schedule",
+]
+
 
 
 def step_schedule(candidate: Candidate, replicas: Sequence[int]) -> Schedule:
     """The validated schedule of one step of a pipeline whose stage ``j`` has
-    ``replicas[j]`` replicas, as the runtime builds it.
+    ``replicas[j]`` replicas, as the runtime builds it (built once per layout).
 
     Raises:
         ValueError: the schedule cannot run these replica counts (the message says why).
     """
-    counts = tuple(replicas)
+    return _built(candidate.schedule, candidate.num_microbatches, tuple(replicas))
+
+
+@functools.lru_cache(maxsize=512)
+def _built(name: str, num_microbatches: int, counts: tuple[int, ...]) -> Schedule:
     return build_schedule(
-        candidate.schedule,
+        name,
         num_ranks=len(counts),
-        num_microbatches=candidate.num_microbatches,
+        num_microbatches=num_microbatches,
         optimizer_step=True,
         reduce=True,
         replicas=counts if max(counts) > 1 else None,
     )
+
+
+def step_lower_bound(loads: Sequence[StageLoad], replicas: Sequence[int],
+                     candidate: Candidate, *, bandwidth: float) -> float:
+    """A lower bound of :func:`simulate_step`'s makespan, without simulating: each rank's
+    compute actions, then its stage's all-reduce and optimizer step, which wait for its
+    last backward (a rank runs its actions one after the other).
+
+    Example:
+        >>> from pipetrain.plan.costs import StageLoad
+        >>> load = StageLoad(compute_s=3.0, forward_s=1.0, parameter_bytes=0.0,
+        ...                  activation_bytes=0.0, input_bytes=0.0, output_bytes=0.0,
+        ...                  is_first=True, is_last=True, optimizer_step_s=0.5)
+        >>> step_lower_bound([load], [2], Candidate(num_microbatches=4), bandwidth=1e9)
+        6.5
+
+    Raises:
+        ValueError: the schedule cannot run these replica counts.
+    """
+    schedule = step_schedule(candidate, replicas)
+    costs = step_costs(loads, replicas, candidate, bandwidth=bandwidth).per_stage(len(loads))
+    duration = {Op.FORWARD: costs.forward, Op.BACKWARD: costs.backward,
+                Op.BACKWARD_INPUT: costs.backward_input, Op.BACKWARD_WEIGHT: costs.backward_weight,
+                Op.OPTIMIZER_STEP: costs.step, Op.REDUCE_GRAD: costs.reduce}
+    bound = 0.0
+    for actions in schedule.actions:
+        busy = 0.0
+        for action in actions:
+            times = duration.get(action.op)
+            if times is not None:
+                busy += times[action.stage]
+        bound = max(bound, busy)
+    return bound
 
 
 def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
