@@ -179,7 +179,7 @@ def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequen
     from pipetrain.plan.costs_pipetrain import Candidate
     from pipetrain.plan.graph import CutGraph
     from pipetrain.plan.microbatch_profile import microbatch_profile
-    from pipetrain.plan.simulated_step import simulate_step, step_costs
+    from pipetrain.plan.simulated_step import predicted_step, step_costs
 
     total = plan.num_microbatches * plan.stages[0].replicas
     candidate = Candidate(schedule=plan.schedule, num_microbatches=total,
@@ -190,7 +190,7 @@ def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequen
         cuts.append(cuts[-1] + count)
     loads = [graph.load(a, b) for a, b in itertools.pairwise(cuts)]
     costs = step_costs(loads, replicas, candidate, bandwidth=bandwidth)
-    step = simulate_step(loads, replicas, candidate, bandwidth=bandwidth).makespan
+    step = predicted_step(loads, replicas, candidate, bandwidth=bandwidth)
     return {"step_s": step, "costs": costs.per_stage(len(loads))}
 
 

@@ -18,7 +18,13 @@ from pipetrain.plan.costs_pipetrain import (
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_profile
 from pipetrain.plan.profile import LayerProfile, Profile
-from pipetrain.plan.simulated_step import simulate_step, step_costs
+from pipetrain.plan.simulated_step import (
+    link_time,
+    predicted_step,
+    simulate_step,
+    step_costs,
+    step_lower_bound,
+)
 from pipetrain.schedule import Costs, build_schedule, simulate
 
 LEVEL = LevelContext(bandwidth=1e9)
@@ -164,3 +170,17 @@ def test_simulated_zero_bubble_step_uses_the_split_backward() -> None:
     g = CutGraph(microbatch_profile(heavy, 2))
     assert step_costs([g.load(0, 2)], [2], Candidate(num_microbatches=2),
                       bandwidth=1e9).reduce == (6.0,)
+
+
+def test_a_step_is_at_least_its_links_time_and_its_busiest_rank() -> None:
+    graph = CutGraph(microbatch_profile(_two_layer_profile(), 2))
+    loads = [graph.load(0, 1), graph.load(1, 2)]
+    candidate = Candidate(schedule="1f1b", num_microbatches=2)
+    # each stage sends or receives 0.5 GB per micro-batch: 1 s per step at 1 GB/s, 10 s
+    # at 0.1 GB/s, where the link is slower than the simulated 1F1B step
+    assert link_time(loads, [1, 1], candidate, bandwidth=1e9) == pytest.approx(1.0)
+    slow = simulate_step(loads, [1, 1], candidate, bandwidth=1e8).makespan
+    assert predicted_step(loads, [1, 1], candidate, bandwidth=1e8) == pytest.approx(
+        max(slow, 10.0))
+    # the lower bound: the busiest rank's 2 x (1 + 2) s and its 0.25 s step
+    assert step_lower_bound(loads, [1, 1], candidate, bandwidth=1e9) == pytest.approx(6.25)

@@ -13,7 +13,8 @@ For every micro-batch count ``N``, checkpoint mode and kind of layout (the searc
    search of :mod:`pipetrain.plan.flat`);
 3. simulates each of those plans' step under each schedule of the search that can run it
    (:mod:`pipetrain.plan.simulated_step`): fill and drain, messages, the all-reduce of
-   replicated stages, the optimizer step; in the order of a lower bound of the step (each
+   replicated stages, the optimizer step, and the busiest link's time if longer (the
+   predicted step); in the order of a lower bound of the step (each
    rank's work, one action after the other), stopping at the first bound above the best
    step found (a plan it skips cannot be faster);
 
@@ -59,7 +60,7 @@ from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
 from pipetrain.plan.planner_config import PlannerConfig
 from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch, Stages
-from pipetrain.plan.simulated_step import simulate_step, step_lower_bound
+from pipetrain.plan.simulated_step import predicted_step, step_lower_bound
 
 __all__ = ["plan_pipetrain"]
 
@@ -126,8 +127,8 @@ def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
 def _simulated(option: _Option) -> _Scored:
     search = option.search
     loads = [search.load(a, b) for a, b, _ in option.stages]
-    step = simulate_step(loads, [r for _, _, r in option.stages], option.candidate,
-                         bandwidth=search.level.bandwidth).makespan
+    step = predicted_step(loads, [r for _, _, r in option.stages], option.candidate,
+                          bandwidth=search.level.bandwidth)
     return _Scored(option.candidate, search, option.stages, step, option.memory)
 
 
@@ -214,10 +215,10 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         ))
         after -= r
     whole = CutGraph(profile, max_cuts=config.max_cuts)
-    one = simulate_step([whole.load(0, whole.full)], [1], Candidate(), bandwidth=bandwidth)
+    one = predicted_step([whole.load(0, whole.full)], [1], Candidate(), bandwidth=bandwidth)
     shares = CutGraph(microbatch_profile(profile, workers), max_cuts=config.max_cuts)
-    data_parallel = simulate_step([shares.load(0, shares.full)], [workers],
-                                  Candidate(num_microbatches=workers), bandwidth=bandwidth)
+    data_parallel = predicted_step([shares.load(0, shares.full)], [workers],
+                                   Candidate(num_microbatches=workers), bandwidth=bandwidth)
     return Plan(
         stages=tuple(stages),
         cost_model=model.name,
@@ -227,8 +228,8 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         straight=config.straight,
         fewer_workers=config.fewer_workers,
         memory_limit=config.memory_limit,
-        single_worker_time=one.makespan,
-        data_parallel_time=data_parallel.makespan,
+        single_worker_time=one,
+        data_parallel_time=data_parallel,
         profile=profile_identity(profile),
         schedule=candidate.schedule,
         num_microbatches=candidate.num_microbatches // best.stages[0][2],

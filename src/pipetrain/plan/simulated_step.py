@@ -17,7 +17,11 @@ gradient all-reduce and the optimizer step, as ``Pipeline`` builds it) and times
   in the background until its optimizer step;
 - the optimizer step, as profiled.
 
-The makespan is the predicted time per step.
+Messages overlap compute in the simulation; but a stage's link carries its input and
+output activations (and their gradients, the other way) for each of its micro-batches,
+``n (I + O)`` bytes each way per step, and a step cannot be shorter than that takes at
+the bandwidth. :func:`predicted_step` is the larger of the two: the predicted time per
+step.
 
 Example:
     >>> from pipetrain.plan.costs import StageLoad
@@ -47,6 +51,8 @@ from pipetrain.schedule import (
 )
 
 __all__ = [
+    "link_time",
+    "predicted_step",
     "simulate_step",
     "step_costs",
     "step_lower_bound",
@@ -157,3 +163,31 @@ def simulate_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate
     """
     schedule = step_schedule(candidate, replicas)
     return simulate(schedule, step_costs(loads, replicas, candidate, bandwidth=bandwidth))
+
+
+def link_time(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
+              bandwidth: float) -> float:
+    """The busiest link's seconds per step: a replica's micro-batches' input and output
+    bytes (each way: activations one way, their gradients the other) at the bandwidth.
+
+    Example:
+        >>> from pipetrain.plan.costs import StageLoad
+        >>> load = StageLoad(compute_s=0.0, parameter_bytes=0.0, activation_bytes=0.0,
+        ...                  input_bytes=1e9, output_bytes=0.0, is_first=False, is_last=True)
+        >>> link_time([load], [2], Candidate(num_microbatches=4), bandwidth=1e9)
+        2.0
+    """
+    return max(-(-candidate.num_microbatches // r) * (load.input_bytes + load.output_bytes)
+               / bandwidth for load, r in zip(loads, replicas))
+
+
+def predicted_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate,
+                   *, bandwidth: float) -> float:
+    """The predicted time per step: the simulated makespan, or the busiest link's time
+    if longer.
+
+    Raises:
+        ValueError: the schedule cannot run these replica counts.
+    """
+    makespan = simulate_step(loads, replicas, candidate, bandwidth=bandwidth).makespan
+    return max(makespan, link_time(loads, replicas, candidate, bandwidth=bandwidth))
