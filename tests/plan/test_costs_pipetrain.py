@@ -184,3 +184,16 @@ def test_a_step_is_at_least_its_links_time_and_its_busiest_rank() -> None:
         max(slow, 10.0))
     # the lower bound: the busiest rank's 2 x (1 + 2) s and its 0.25 s step
     assert step_lower_bound(loads, [1, 1], candidate, bandwidth=1e9) == pytest.approx(6.25)
+
+
+def test_every_optimizer_step_waits_for_every_stages_gradients() -> None:
+    # GPipe, 2 micro-batches: stage 1's last backward ends at 7.5 and stage 0's at 10 (see
+    # the hand-computed timeline above). A 3 s step on stage 1 would end at 10.5 on its
+    # own, but the runtime's global gradient-norm check holds it until stage 0 is done.
+    layers = tuple(LayerProfile(name=str(k), forward_s=2.0, backward_s=4.0, output_bytes=10**9,
+                                optimizer_step_s=step) for k, step in enumerate((0.25, 3.0)))
+    graph = CutGraph(microbatch_profile(Profile(layers=layers, batch_size=2), 2))
+    loads = [graph.load(0, 1), graph.load(1, 2)]
+    candidate = Candidate(schedule="gpipe", num_microbatches=2)
+    assert simulate_step(loads, [1, 1], candidate, bandwidth=1e9).makespan == pytest.approx(10.5)
+    assert predicted_step(loads, [1, 1], candidate, bandwidth=1e9) == pytest.approx(13.0)

@@ -15,7 +15,9 @@ gradient all-reduce and the optimizer step, as ``Pipeline`` builds it) and times
   same size, as between transformer blocks; an upper bound otherwise);
 - a replicated stage's gradient all-reduce, ring: ``2 (r - 1) / r * G / bandwidth``,
   in the background until its optimizer step;
-- the optimizer step, as profiled.
+- the optimizer step, as profiled; the runtime first checks the global gradient norm
+  with one collective over all stages, so every stage's step starts once every stage has
+  finished its backward and all-reduce (:func:`synchronized_end`).
 
 Messages overlap compute in the simulation; but a stage's link carries its input and
 output activations (and their gradients, the other way) for each of its micro-batches,
@@ -57,6 +59,7 @@ __all__ = [
     "step_costs",
     "step_lower_bound",
     "step_schedule",
+    "synchronized_end",
 ]
 
 
@@ -156,13 +159,38 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
 
 def simulate_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
                   bandwidth: float) -> SimulationResult:
-    """One step of the plan, simulated; its ``makespan`` is the predicted step time.
+    """One step of the plan, simulated (each stage's optimizer step after its own
+    all-reduce, as the schedule says; :func:`synchronized_end` adds the runtime's wait).
 
     Raises:
         ValueError: the schedule cannot run these replica counts.
     """
     schedule = step_schedule(candidate, replicas)
     return simulate(schedule, step_costs(loads, replicas, candidate, bandwidth=bandwidth))
+
+
+def synchronized_end(result: SimulationResult) -> float:
+    """When the step ends if every rank's first optimizer step waits for all ranks to
+    reach theirs: the runtime checks the global gradient norm (its default
+    ``nonfinite='error'``, and clipping) with one collective over all stages before any
+    stage updates its weights.
+
+    Example:
+        >>> from pipetrain.schedule import build_schedule, Costs, simulate
+        >>> s = build_schedule("gpipe", num_ranks=2, num_microbatches=1, optimizer_step=True)
+        >>> result = simulate(s, Costs(forward=1.0, backward=2.0, step=(1.0, 5.0)))
+        >>> result.makespan, synchronized_end(result)  # stage 1's step waits for stage 0's B
+        (9.0, 11.0)
+    """
+    steps: dict[int, list[tuple[float, float]]] = {}
+    for t in result.timeline:
+        if t.action.op is Op.OPTIMIZER_STEP:
+            steps.setdefault(t.rank, []).append((t.start, t.end - t.start))
+    if not steps:
+        return result.makespan
+    reached = max(min(start for start, _ in ranks) for ranks in steps.values())
+    return max(result.makespan,
+               reached + max(sum(d for _, d in ranks) for ranks in steps.values()))
 
 
 def link_time(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,
@@ -183,11 +211,11 @@ def link_time(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Ca
 
 def predicted_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate,
                    *, bandwidth: float) -> float:
-    """The predicted time per step: the simulated makespan, or the busiest link's time
-    if longer.
+    """The predicted time per step: the simulated step with its optimizer steps
+    synchronized (:func:`synchronized_end`), or the busiest link's time if longer.
 
     Raises:
         ValueError: the schedule cannot run these replica counts.
     """
-    makespan = simulate_step(loads, replicas, candidate, bandwidth=bandwidth).makespan
-    return max(makespan, link_time(loads, replicas, candidate, bandwidth=bandwidth))
+    result = simulate_step(loads, replicas, candidate, bandwidth=bandwidth)
+    return max(synchronized_end(result), link_time(loads, replicas, candidate, bandwidth=bandwidth))
