@@ -1,5 +1,7 @@
-"""Automatic partitioning: profiles of a model's layers, PipeDream's planner with stage
-replication, and plan files that ``Pipeline`` and ``pipetrain train --plan`` run.
+"""Automatic partitioning: profiles of a model's layers, the planner (stage replication;
+PipeDream's cost model, or pipetrain's, which simulates the step and also chooses the
+schedule, micro-batches and checkpoint mode), and plan files that ``Pipeline`` and
+``pipetrain train --plan`` run.
 
 The profile format, the graph and the optimizers are pure Python (no torch); the
 profiler that measures a model (``profile_model``) imports torch on first use.
@@ -21,6 +23,7 @@ from typing import Any
 from pipetrain.plan.cost_models import COST_MODEL_NAMES, DEFAULT_COST_MODEL, get_cost_model
 from pipetrain.plan.costs import CostModel, LevelContext, StageLoad, StageRow
 from pipetrain.plan.costs_pipedream import PipeDreamCostModel
+from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
 from pipetrain.plan.optimizer import PlannerConfig, make_plan
 from pipetrain.plan.pipedream_format import load_pipedream_graph, parse_pipedream_graph
 from pipetrain.plan.plan_file import PLAN_FORMAT, Plan, PlanStage
@@ -32,11 +35,13 @@ __all__ = [
     "DEFAULT_COST_MODEL",
     "PLAN_FORMAT",
     "PROFILE_FORMAT",
+    "Candidate",
     "CostModel",
     "LayerProfile",
     "Level",
     "LevelContext",
     "PipeDreamCostModel",
+    "PipetrainCostModel",
     "Plan",
     "PlanStage",
     "PlannerConfig",

@@ -30,12 +30,11 @@ what crosses its cuts) at one :class:`LevelContext` (the topology level it is pl
   the planner may fall back to the plain program of :mod:`pipetrain.plan.exact_dp`.
 
 What the search minimizes is the bottleneck stage time, which is exactly PipeDream's
-time per step. A schedule-aware model (the ``pipetrain`` cost model, which simulates the
-schedule on a plan) plugs into the same search when its step time grows with the
-bottleneck for a given pipeline depth (a 1F1B step is about ``(M + K - 1)`` times the
-bottleneck for ``K`` stages and ``M`` micro-batches): it runs the search per depth (for
-instance ``straight`` plans of each ``K``, or its own micro-batch counts) and scores the
-candidates with its simulator; its memory comes in through ``stage_memory``.
+time per step. The schedule-aware ``pipetrain`` cost model
+(:mod:`pipetrain.plan.costs_pipetrain`) answers the same questions for one schedule,
+micro-batch count and checkpoint mode; its planner (:mod:`pipetrain.plan.schedule_choice`)
+runs the searches per candidate (and per depth, :mod:`pipetrain.plan.depths`) and scores
+the plans they find by simulating their step.
 
 Example:
     >>> load = StageLoad(compute_s=1.0, parameter_bytes=0.0, activation_bytes=0.0,
