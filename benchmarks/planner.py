@@ -107,7 +107,9 @@ def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
     profiled = time.perf_counter() - began
     bandwidth = opts.bandwidth or opts.measured_bandwidth
     began = time.perf_counter()
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(world_size, bandwidth)))
+    schedules = tuple(opts.schedules) if opts.schedules else None
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(world_size, bandwidth),
+                                            schedules=schedules))
     return {"profile": profile.to_dict(), "plan": plan.to_dict(), "bandwidth": bandwidth,
             "profile_seconds": profiled, "plan_seconds": time.perf_counter() - began}
 
@@ -266,9 +268,9 @@ def report(result: dict[str, Any], opts: Any) -> None:
           f"stage 0, checkpoint {plan['checkpoint']}, predicted {_ms(plan['time_per_step'])}")
     for name, entry in result["layouts"].items():
         print(f"\n{name:5} balance {entry['balance']} replicas {entry['replicas']}: measured "
-              f"{_ms(entry['step_s'])}, predicted {_ms(entry['predicted_s'])} "
-              f"({entry['error']:+.1%}); simulator on the measured costs "
-              f"{_ms(entry['simulated_on_measured_s'])}")
+              f"{_ms(entry['step_s'])} (its actions span {_ms(entry['makespan_s'])}), "
+              f"predicted {_ms(entry['predicted_s'])} ({entry['error']:+.1%}); the simulator "
+              f"on the measured costs {_ms(entry['simulated_on_measured_s'])}")
         for kind in ("forward", "backward", "backward_input", "backward_weight", "step"):
             profiled = ", ".join(f"{v * 1e3:.2f}" for v in entry["profiled_costs"][kind])
             measured = ", ".join(f"{v * 1e3:.2f}" for v in entry["measured_costs"][kind])
@@ -291,6 +293,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--bandwidth", type=float, default=None,
                         help="bytes/s the planner assumes (default: measured in the job)")
+    parser.add_argument("--schedules", nargs="+", default=None,
+                        help="the schedules the planner may choose (default: all it plans)")
     parser.add_argument("--repetitions", type=int, default=10, help="timed steps per layout")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per layout")
     parser.add_argument("--profile-repetitions", type=int, default=5)
