@@ -12,8 +12,9 @@ config's; else ``never``, and all three under a memory limit):
   divides the workers, a straight search over groups of ``D`` workers
   (:class:`~pipetrain.plan.costs_pipetrain.ReplicaGroups`).
 
-Without a memory limit, a stage's time does not depend on the schedule, so the schedules
-of a kind share its search; under one, each schedule gets its own (its memory differs).
+Without a memory limit, a stage's time depends on the schedule only through its backward
+(one pass, or the two halves of ZB-H1), so the schedules of a kind with the same backward
+share a search; under one, each schedule gets its own (its memory differs).
 
 Example:
     >>> from pipetrain.plan.planner_config import PlannerConfig
@@ -38,6 +39,7 @@ from pipetrain.plan.costs_pipetrain import (
     Candidate,
     PipetrainCostModel,
     ReplicaGroups,
+    splits_backward,
 )
 from pipetrain.plan.depths import best_per_depth, depth_cost
 from pipetrain.plan.flat import solve_flat
@@ -199,12 +201,15 @@ def _kinds(config: PlannerConfig) -> list[tuple[int, tuple[str, ...]]]:
     free = tuple(s for s in schedules if s in REPLICATED_SCHEDULES or config.straight)
     uniform = tuple(s for s in schedules if s not in free)
     sizes = [d for d in range(1, workers + 1) if config.fewer_workers or workers % d == 0]
-    shared = config.memory_limit is None
 
     def split(names: tuple[str, ...]) -> list[tuple[str, ...]]:
-        if not names:
-            return []
-        return [names] if shared else [(name,) for name in names]
+        """Schedules that share a search: the same stage times (the same backward) and,
+        under a memory limit, the same memory (the same schedule)."""
+        if config.memory_limit is not None:
+            return [(name,) for name in names]
+        halves = tuple(n for n in names if splits_backward(n))
+        whole = tuple(n for n in names if not splits_backward(n))
+        return [group for group in (whole, halves) if group]
 
     return [(0, group) for group in split(free)] + [
         (d, group) for group in split(uniform) for d in sizes]

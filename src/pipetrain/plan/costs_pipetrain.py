@@ -15,7 +15,8 @@ takes ``N / r_0`` micro-batches per replica of its first stage), cannot run
 Time (seconds per step, the busiest replica): the larger of
 
 - compute: ``n (F + B) + R + S + 2 (r - 1) / r * G / bandwidth``, with ``F``, ``B`` a
-  micro-batch's forward and backward, ``R`` the recomputed forwards (``n F`` with
+  micro-batch's forward and backward (for a schedule that splits the backward, as ZB-H1
+  does, its two halves ``I + W``; :func:`splits_backward`), ``R`` the recomputed forwards (``n F`` with
   checkpoint ``always``, ``(n - 1) F`` with ``except_last``), ``S`` the optimizer step and
   the ring all-reduce of the gradients ``G`` of a replicated stage;
 - its links: ``n (I + O) / bandwidth`` (its input and output activations, forward, and
@@ -45,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +57,7 @@ from pipetrain.plan.costs import (
     scan_memory_replicas,
     scan_min_replicas,
 )
+from pipetrain.schedule import Op, build_schedule
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -66,6 +69,7 @@ __all__ = [
     "activation_bytes",
     "in_flight",
     "recomputed_forwards",
+    "splits_backward",
     "weight_versions",
 ]
 
@@ -159,6 +163,22 @@ def activation_bytes(schedule: str, checkpoint: str, *, kept: int, saved_bytes: 
     return whole + rest + (saved_bytes if kept > 1 and schedule != "gpipe" else 0.0)
 
 
+@functools.cache
+def splits_backward(schedule: str) -> bool:
+    """Whether the schedule runs a backward as two actions, input then weight gradients
+    (``I`` and ``W``); False for a name the schedule registry does not know.
+
+    Example:
+        >>> splits_backward("zb-h1"), splits_backward("1f1b"), splits_backward("2bw")
+        (True, False, False)
+    """
+    try:
+        built = build_schedule(schedule, num_ranks=2, num_microbatches=2, communication=False)
+    except ValueError:
+        return False
+    return any(a.op is Op.BACKWARD_INPUT for actions in built.actions for a in actions)
+
+
 def weight_versions(schedule: str, kept: int) -> int:
     """Copies of the parameters beyond the live ones: PipeDream's stashed versions (one per
     micro-batch in flight but the newest), 2BW's second version.
@@ -212,7 +232,10 @@ class PipetrainCostModel:
         n = -(-c.num_microbatches // r)
         recompute = recomputed_forwards(c.checkpoint, n) * load.forward_s
         allreduce = 2 * (r - 1) / r * load.gradient_bytes / level.bandwidth
-        compute = n * load.compute_s + recompute + load.optimizer_step_s + allreduce
+        passes = load.compute_s
+        if splits_backward(c.schedule):
+            passes = load.forward_s + load.backward_input_s + load.backward_weight_s
+        compute = n * passes + recompute + load.optimizer_step_s + allreduce
         links = n * (load.input_bytes + load.output_bytes) / level.bandwidth
         return max(compute, links)
 
