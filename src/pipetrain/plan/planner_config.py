@@ -15,13 +15,25 @@ from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
 from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS
 from pipetrain.plan.topology import Topology
-from pipetrain.schedule import TRAINING_SCHEDULES, canonical_name
+from pipetrain.schedule import TRAINING_SCHEDULES, build_schedule, canonical_name
 
 __all__ = ["PLANNED_SCHEDULES", "PlannerConfig"]
 
-PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES if s != "interleaved-1f1b")
+
+
+def _one_stage_per_rank(name: str) -> bool:
+    """Whether the schedule runs with one stage per rank (a plan gives each worker one)."""
+    try:
+        build_schedule(name, num_ranks=2, num_microbatches=4, communication=False)
+    except ValueError:
+        return False
+    return True
+
+
+PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES if _one_stage_per_rank(s))
 """The schedules the ``pipetrain`` cost model chooses from: every training schedule the
-registry knows but the interleaved one (a plan gives each worker one stage)."""
+registry knows that runs one stage per rank (not the interleaved ones: a plan gives each
+worker one stage)."""
 
 
 @dataclass(frozen=True, kw_only=True)
