@@ -9,6 +9,7 @@ import pytest
 
 from pipetrain.plan.optimizer import PlannerConfig, make_plan
 from pipetrain.plan.plan_file import Plan, PlanStage
+from pipetrain.plan.profile import Profile
 from pipetrain.plan.topology import Level, Topology
 
 from .helpers import chain, graph
@@ -69,6 +70,18 @@ def test_bad_plan_data_names_the_field() -> None:
     with pytest.raises(ValueError, match="use 3 workers but num_workers is 2"):
         Plan(stages=(PlanStage(nodes=(0,), replicas=3),), cost_model="x", time_per_step=1.0,
              num_workers=2)
+
+
+def test_bad_profile_times_name_the_layer_and_field() -> None:
+    def layer(**fields: object) -> dict[str, object]:
+        return {"format": "pipetrain-profile",
+                "layers": [{"name": "0", "forward_s": 1.0, "backward_s": 1.0, **fields}]}
+
+    with pytest.raises(ValueError, match=r"layer 0 \('0'\): optimizer_step_s=-1 must be a number"):
+        Profile.from_dict(layer(optimizer_step_s=-1))
+    with pytest.raises(ValueError, match=r"microbatch_forward_s='fast' must be a number"):
+        Profile.from_dict(layer(microbatch_forward_s="fast"))
+    assert Profile.from_dict(layer(optimizer_step_s=0.5)).layers[0].optimizer_step_s == 0.5
 
 
 def test_topology_levels_innermost_first() -> None:
