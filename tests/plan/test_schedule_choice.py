@@ -19,7 +19,7 @@ from pipetrain.plan.optimizer import make_plan
 from pipetrain.plan.plan_file import Plan
 from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
 from pipetrain.plan.profile import LayerProfile, Profile
-from pipetrain.plan.schedule_choice import plan_pipetrain
+from pipetrain.plan.schedule_choice import plan_for_layout, plan_pipetrain
 from pipetrain.plan.search import FlatSearch
 from pipetrain.plan.simulated_step import predicted_step
 from pipetrain.plan.topology import Topology
@@ -250,3 +250,35 @@ def test_fewer_workers_leaves_them_idle_when_faster() -> None:
     assert every.workers_used == 2 and fewer.workers_used == 1
     assert fewer.time_per_step == pytest.approx(0.3)
     assert every.time_per_step > 0.3 + 1.0  # the ring all-reduce of 2 GB at 1 GB/s alone
+
+
+def test_a_given_layout_gets_its_best_choices() -> None:
+    rng = random.Random(4)
+    for _ in range(10):
+        profile = _random_profile(rng, 4)
+        workers = rng.randint(2, 4)
+        balance, replicas = [2, 2], [1, workers - 1]
+        config = PlannerConfig(topology=Topology.flat(workers, 1e9))
+        best = None  # every schedule and micro-batch count, by hand
+        for n in microbatch_counts(profile):
+            graph = CutGraph(microbatch_profile(profile, n))
+            loads = [graph.load(0, 2), graph.load(2, 4)]
+            for schedule in PLANNED_SCHEDULES:
+                candidate = Candidate(schedule=schedule, num_microbatches=n)
+                model = PipetrainCostModel(candidate, num_workers=workers)
+                if (len(set(replicas)) > 1 and schedule not in REPLICATED_SCHEDULES) or not all(
+                        model.runs(load, r) for load, r in zip(loads, replicas)):
+                    continue
+                step = predicted_step(loads, replicas, candidate, bandwidth=1e9)
+                best = step if best is None else min(best, step)
+        if best is None:  # too few micro-batches for the replicas
+            with pytest.raises(ValueError, match="no schedule, micro-batch count"):
+                plan_for_layout(profile, balance, replicas, config)
+            continue
+        plan = plan_for_layout(profile, balance, replicas, config)
+        assert [len(s.nodes) for s in plan.stages] == balance
+        assert [s.replicas for s in plan.stages] == replicas
+        assert plan.time_per_step == pytest.approx(best)
+    with pytest.raises(ValueError, match=r"balance \[2, 1\] with replicas \[1, 1\] is not a "
+                                         r"layout of this profile's 4 layers"):
+        plan_for_layout(_random_profile(rng, 4), [2, 1], [1, 1], config)

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipetrain.plan.candidates import DEPTH_BUDGET, EXHAUSTIVE_PLANS, Search, searches
@@ -62,7 +63,7 @@ from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch, Stages
 from pipetrain.plan.simulated_step import predicted_step, step_lower_bound
 
-__all__ = ["plan_pipetrain"]
+__all__ = ["plan_for_layout", "plan_pipetrain"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,48 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
     logger.debug("%d plans listed, %d simulated", len(options), simulated)
     if best is None:
         raise ValueError(_advice(found, config))
+    return _plan(profile, best, config)
+
+
+def plan_for_layout(profile: Profile, balance: Sequence[int], replicas: Sequence[int],
+                    config: PlannerConfig) -> Plan:
+    """The plan of a given cut of a layer sequence (``balance[j]`` layers on
+    ``replicas[j]`` workers, stage by stage): its schedule, micro-batches and checkpoint
+    mode chosen as :func:`plan_pipetrain` chooses them, and its predicted step.
+
+    Example:
+        >>> from pipetrain.plan.planner_config import PlannerConfig
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.topology import Topology
+        >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0)
+        ...                for k in range(4))
+        >>> plan = plan_for_layout(Profile(layers=layers, batch_size=4), [3, 1], [1, 1],
+        ...                        PlannerConfig(topology=Topology.flat(2, 1e9)))
+        >>> plan.schedule, plan.num_microbatches, plan.time_per_step  # 2 x 4.5 on stage 0
+        ('1f1b', 2, 9.0)
+
+    Raises:
+        ValueError: a graph profile, a layout that does not cover the layers or uses more
+            workers than the config has, or no choice that runs it within the memory.
+    """
+    if not profile.is_sequence or sum(balance) != profile.num_layers \
+            or len(balance) != len(replicas) or sum(replicas) > config.topology.num_workers:
+        raise ValueError(
+            f"balance {list(balance)} with replicas {list(replicas)} is not a layout of "
+            f"this profile's {profile.num_layers} layers on {config.topology.num_workers} "
+            f"workers; fix: layers per stage adding up to {profile.num_layers}, one "
+            "replica count per stage (a layer sequence's profile)"
+        )
+    cuts = [0]
+    for count in balance:
+        cuts.append(cuts[-1] + count)
+    stages = [(a, b, r) for a, b, r in zip(cuts, cuts[1:], replicas)]
+    options = [option for entry in searches(profile, config) for schedule in entry.schedules
+               if (option := _option(entry, stages, schedule, config)) is not None]
+    if not options:
+        raise ValueError(f"no schedule, micro-batch count and checkpoint mode runs balance "
+                         f"{list(balance)} with replicas {list(replicas)} within the memory")
+    best = min((_simulated(option) for option in options), key=lambda scored: scored.key)
     return _plan(profile, best, config)
 
 
