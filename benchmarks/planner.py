@@ -3,10 +3,10 @@
 
 What it measures
 ----------------
-A GPT with a large vocabulary (default: 16,384 tokens, width 256, 6 blocks, context 32,
-untied embedding and head) is heavy at both ends and thin in the middle: the token
-embedding's optimizer step and the output head's matrix product and cross-entropy cost
-several blocks each, so cutting it by layer count (``balance=None``, the even split)
+A GPT with a large vocabulary (default: 16,384 tokens, width 192, 8 blocks, context 32,
+16 sequences per step, untied embedding and head, AdamW) is heavy at both ends and thin
+in the middle: the token embedding's optimizer step and the output head's matrix product
+and cross-entropy cost several blocks each, so cutting it by layer count (the even split)
 leaves one stage much slower than the other. In one job of ``--workers`` processes (gloo
 on 127.0.0.1, 1 intra-op thread each):
 
@@ -18,8 +18,10 @@ on 127.0.0.1, 1 intra-op thread each):
    (stages, replicas, schedule, micro-batches, checkpoint mode; every worker used), and
    every rank takes the plan;
 4. two pipelines are built in the same processes: the plan (``config_from_plan``) and
-   the even split on as many stages as workers, with the plan's schedule, micro-batch
-   size and checkpoint mode (so only the cut differs);
+   the even split on as many stages as workers, with the schedule, micro-batches and
+   checkpoint mode the same model finds best for that cut
+   (:func:`~pipetrain.plan.schedule_choice.plan_for_layout`), so that each layout runs
+   as well as the model knows how;
 5. after warm-up steps, repetitions alternate between the two; each timed step starts
    after a barrier and lasts until the slowest rank returns from ``train_step``.
 
@@ -97,6 +99,7 @@ def _measure_bandwidth(world_size: int) -> float:
 def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
     from pipetrain.models import gpt_layer_factories, gpt_loss
     from pipetrain.plan import PlannerConfig, Topology, make_plan, profile_model
+    from pipetrain.plan.schedule_choice import plan_for_layout
 
     config = _model(opts)
     tokens, targets = _batch(opts, -1)
@@ -108,17 +111,21 @@ def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
     bandwidth = opts.bandwidth or opts.measured_bandwidth
     began = time.perf_counter()
     schedules = tuple(opts.schedules) if opts.schedules else None
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(world_size, bandwidth),
-                                            schedules=schedules))
-    return {"profile": profile.to_dict(), "plan": plan.to_dict(), "bandwidth": bandwidth,
-            "profile_seconds": profiled, "plan_seconds": time.perf_counter() - began}
+    planner = PlannerConfig(topology=Topology.flat(world_size, bandwidth), schedules=schedules)
+    plan = make_plan(profile, planner)
+    planned = time.perf_counter() - began
+    layers = profile.num_layers
+    even = [layers // world_size + (1 if j < layers % world_size else 0)
+            for j in range(world_size)]
+    even_plan = plan_for_layout(profile, even, [1] * world_size, planner)
+    return {"profile": profile.to_dict(), "plan": plan.to_dict(), "even": even_plan.to_dict(),
+            "bandwidth": bandwidth, "profile_seconds": profiled, "plan_seconds": planned}
 
 
 def worker(ctx: Any, opts: Any) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
     from pipetrain.api.plan_config import config_from_plan
     from pipetrain.models import gpt_layer_factories, gpt_loss
@@ -129,15 +136,9 @@ def worker(ctx: Any, opts: Any) -> dict[str, Any]:
     box: list[Any] = [_plan_on_rank0(opts, world_size) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     planned = box[0]
-    plan = Plan.from_dict(planned["plan"])
-    assert plan.schedule is not None and plan.num_microbatches is not None
-    total = plan.num_microbatches * plan.stages[0].replicas
     config = _model(opts)
-    layouts = {
-        "plan": config_from_plan(plan, num_layers=opts.layers + 2),
-        "even": PipelineConfig(schedule=plan.schedule, num_stages=world_size,
-                               num_microbatches=total, checkpoint=plan.checkpoint or "never"),
-    }
+    layouts = {name: config_from_plan(Plan.from_dict(planned[name]), num_layers=opts.layers + 2)
+               for name in ("plan", "even")}
 
     def adamw(params: Any) -> Any:
         return torch.optim.AdamW(params, lr=1e-3)
@@ -177,7 +178,8 @@ def _median(values: Sequence[float]) -> float:
 
 def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequence[int],
                bandwidth: float) -> dict[str, Any]:
-    """The pipetrain model's step for a layout, and its per-stage action costs."""
+    """The pipetrain model's step for a layout under the plan's choices, and its
+    per-stage action costs."""
     from pipetrain.plan.costs_pipetrain import Candidate
     from pipetrain.plan.graph import CutGraph
     from pipetrain.plan.microbatch_profile import microbatch_profile
@@ -220,22 +222,25 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     from pipetrain.plan import Plan, Profile
 
     planned = raw["planned"]
-    plan, profile = Plan.from_dict(planned["plan"]), Profile.from_dict(planned["profile"])
+    profile = Profile.from_dict(planned["profile"])
     gathered = raw["gathered"]
-    out: dict[str, Any] = {"plan": planned["plan"], "bandwidth": planned["bandwidth"],
+    out: dict[str, Any] = {"plan": planned["plan"], "even": planned["even"],
+                           "bandwidth": planned["bandwidth"],
                            "profile_seconds": planned["profile_seconds"],
                            "plan_seconds": planned["plan_seconds"], "layouts": {}}
     for name in ("plan", "even"):
+        plan = Plan.from_dict(planned[name])
         steps = [max(g["times"][name][k] for g in gathered)
                  for k in range(len(gathered[0]["times"][name]))]
         balance = raw["balances"][name]
-        replicas = ([s.replicas for s in plan.stages] if name == "plan"
-                    else [1] * len(balance))
+        replicas = [s.replicas for s in plan.stages]
         predicted = _predicted(profile, plan, balance, replicas, planned["bandwidth"])
         measured = _measured(name, gathered, raw["schedules"][name])
         step = _median(steps)
         out["layouts"][name] = {
             "balance": balance, "replicas": replicas, "step_s": step, "steps_s": steps,
+            "schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
+            "checkpoint": plan.checkpoint,
             "predicted_s": predicted["step_s"],
             "error": predicted["step_s"] / step - 1.0,
             "makespan_s": measured["makespan_s"],
@@ -259,15 +264,14 @@ def _ms(seconds: float) -> str:
 
 
 def report(result: dict[str, Any], opts: Any) -> None:
-    plan = result["plan"]
     print(f"model: GPT vocab {opts.vocab}, width {opts.width}, {opts.layers} blocks, context "
           f"{opts.context}, batch {opts.batch}; {opts.workers} workers x 1 thread, gloo")
     print(f"bandwidth {result['bandwidth']:.3g} B/s; profiled in {result['profile_seconds']:.1f} s, "
           f"planned in {result['plan_seconds']:.2f} s")
-    print(f"plan: {plan['schedule']}, {plan['num_microbatches']} micro-batches per replica of "
-          f"stage 0, checkpoint {plan['checkpoint']}, predicted {_ms(plan['time_per_step'])}")
     for name, entry in result["layouts"].items():
-        print(f"\n{name:5} balance {entry['balance']} replicas {entry['replicas']}: measured "
+        print(f"\n{name:5} balance {entry['balance']} replicas {entry['replicas']}, "
+              f"{entry['schedule']}, {entry['num_microbatches']} micro-batches per replica of "
+              f"stage 0, checkpoint {entry['checkpoint']}: measured "
               f"{_ms(entry['step_s'])} (its actions span {_ms(entry['makespan_s'])}), "
               f"predicted {_ms(entry['predicted_s'])} ({entry['error']:+.1%}); the simulator "
               f"on the measured costs {_ms(entry['simulated_on_measured_s'])}")
@@ -286,11 +290,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--vocab", type=int, default=16384)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=6, help="transformer blocks")
+    parser.add_argument("--width", type=int, default=192)
+    parser.add_argument("--layers", type=int, default=8, help="transformer blocks")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--context", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--bandwidth", type=float, default=None,
                         help="bytes/s the planner assumes (default: measured in the job)")
     parser.add_argument("--schedules", nargs="+", default=None,
