@@ -3,7 +3,7 @@
 
 What it measures
 ----------------
-A GPT with a large vocabulary (default: 16,384 tokens, width 192, 8 blocks, context 32,
+A GPT with a large vocabulary (default: 16,384 tokens, width 128, 8 blocks, context 32,
 16 sequences per step, untied embedding and head, AdamW) is heavy at both ends and thin
 in the middle: the token embedding's optimizer step and the output head's matrix product
 and cross-entropy cost several blocks each, so cutting it by layer count (the even split)
@@ -290,7 +290,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--vocab", type=int, default=16384)
-    parser.add_argument("--width", type=int, default=192)
+    parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8, help="transformer blocks")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--context", type=int, default=32)
