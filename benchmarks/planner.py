@@ -277,7 +277,8 @@ def report(result: dict[str, Any], opts: Any) -> None:
               f"{_ms(entry['step_s'])} (its actions span {_ms(entry['makespan_s'])}), "
               f"predicted {_ms(entry['predicted_s'])} ({entry['error']:+.1%}); the simulator "
               f"on the measured costs {_ms(entry['simulated_on_measured_s'])}")
-        for kind in ("forward", "backward", "backward_input", "backward_weight", "step"):
+        for kind in ("forward", "backward", "backward_input", "backward_weight", "reduce",
+                     "step"):
             profiled = ", ".join(f"{v * 1e3:.2f}" for v in entry["profiled_costs"][kind])
             measured = ", ".join(f"{v * 1e3:.2f}" for v in entry["measured_costs"][kind])
             print(f"  {kind:15} ms per stage: profiled [{profiled}]  measured [{measured}]")
