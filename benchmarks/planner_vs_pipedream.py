@@ -161,6 +161,7 @@ def main() -> int:
             plan = make_plan(profile, PlannerConfig(
                 topology=Topology.from_lists(list(case.workers), list(case.bandwidths)),
                 straight=case.straight,
+                cost_model="pipedream",
             ))
             seconds = time.perf_counter() - started
             theirs, evaluated = "-", "-"

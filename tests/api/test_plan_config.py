@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from helpers.distributed import run_workers
+from helpers.pipeline_jobs import gpt_job, gpt_reference
 from pipetrain.api.plan_config import config_from_plan
-from pipetrain.plan import Plan, PlanStage
+from pipetrain.plan import (
+    LayerProfile,
+    Plan,
+    PlannerConfig,
+    PlanStage,
+    Profile,
+    Topology,
+    make_plan,
+)
 
 
 def _plan(*stages: tuple[tuple[object, ...], int], **fields: object) -> Plan:
@@ -38,3 +50,64 @@ def test_a_plan_for_another_model_is_refused_naming_both() -> None:
         config_from_plan(_plan((("node2", "node3"), 1), (("node4",), 1)))
     with pytest.raises(ValueError, match=r"plan stage 1 holds layers \[3, 4\], not the consecutive layers 2..3"):
         config_from_plan(_plan(((0, 1), 1), ((3, 4), 1), ((2,), 1)))
+
+
+def _gpt_profile() -> Profile:
+    """The test GPT's 5 layers (embedding, 3 blocks, head), as if profiled on 7 samples."""
+    layers = tuple(LayerProfile(name=str(k), forward_s=f, backward_s=2 * f, parameter_bytes=4000,
+                                output_bytes=800, saved_bytes=70_000)
+                   for k, f in enumerate((2.0, 8.0, 8.0, 0.5, 0.5)))
+    return Profile(layers=layers, batch_size=7)
+
+
+def _planned(memory: float | None) -> Plan:
+    return make_plan(_gpt_profile(), PlannerConfig(topology=Topology.flat(3, 1e9),
+                                                   memory_limit=memory))
+
+
+def test_the_pipetrain_plans_choices_become_the_configuration() -> None:
+    # 80 kB: stage 1 on two workers (1-2), 1F1B, 7 micro-batches
+    replicated = _planned(80_000)
+    config = config_from_plan(replicated, num_layers=5)
+    assert config.balance == [1, 4] and config.stage_replicas == (1, 2)
+    assert (config.schedule, config.num_microbatches, config.checkpoint) == ("1f1b", 7, "never")
+    # 50 kB: re-materializing, ZB-H1 on a straight pipeline
+    tight = config_from_plan(_planned(50_000), num_layers=5)
+    assert (tight.schedule, tight.checkpoint, tight.replicas) == ("zb-h1", "always", 1)
+    # any plan of the planner is a configuration the pipeline accepts (the constructor
+    # checks the schedule against the replica counts)
+    rng = random.Random(2)
+    for _ in range(30):
+        layers = tuple(LayerProfile(name=str(k), forward_s=rng.uniform(0.1, 3),
+                                    backward_s=rng.uniform(0.1, 6),
+                                    parameter_bytes=rng.choice([0, 10**8, 10**9]),
+                                    output_bytes=10**6) for k in range(rng.randint(1, 6)))
+        profile = Profile(layers=layers, batch_size=rng.choice([4, 6, 8, 12]))
+        workers = rng.randint(1, 4)
+        plan = make_plan(profile, PlannerConfig(topology=Topology.flat(workers, 1e9),
+                                                fewer_workers=True))
+        config = config_from_plan(plan, num_layers=len(layers))
+        assert config.world_size == plan.workers_used
+        assert config.total_microbatches <= profile.batch_size
+
+
+@pytest.mark.distributed
+def test_the_pipetrain_plans_train_as_one_process_does() -> None:
+    """The planned layouts and choices run and give single-process training's weights."""
+    names = ("num_stages", "balance", "replicas", "stage_replicas", "schedule",
+             "num_microbatches", "checkpoint")
+    configs = []
+    for memory in (80_000, 50_000):
+        config = config_from_plan(_planned(memory), num_layers=5)
+        configs.append({name: getattr(config, name) for name in names})
+    results = run_workers(gpt_job, 3, configs, 3, timeout=300)
+    reference_params, reference_losses = gpt_reference(3)
+    for c, config in enumerate(configs):
+        merged: dict[str, Any] = {}
+        for rank_results in results:
+            merged.update(rank_results[c][0])
+        assert set(merged) == set(reference_params)
+        worst = max(float((merged[k] - reference_params[k]).abs().max()) for k in merged)
+        assert worst < 1e-5, (config, worst)
+        losses = results[0][c][1]
+        assert max(abs(a - b) for a, b in zip(losses, reference_losses)) < 1e-5, config

@@ -38,6 +38,12 @@ def test_auto_balance_and_a_plan_with_replicas_train_the_same_losses(tmp_path: P
     plan = Plan.load(auto / "plan.json")
     assert plan.num_stages == 2 and (auto / "profile.json").is_file()
     assert sum(len(s.nodes) for s in plan.stages) == 4  # embedding, 2 blocks, head
+    # the pipetrain cost model chose the schedule and the checkpoint mode, which the run
+    # took; the micro-batches were given (--microbatches 2), so the plan kept them
+    assert plan.cost_model == "pipetrain" and plan.num_microbatches == 2
+    ran = json.loads((auto / "config.json").read_text())["args"]
+    assert (ran["schedule"], ran["checkpoint"], ran["microbatches"]) == (
+        plan.schedule, plan.checkpoint, 2)
 
     # a 2-1 plan: the first stage on two workers
     layout = Plan(stages=(PlanStage(nodes=(0, 1, 2), replicas=2), PlanStage(nodes=(3,), replicas=1)),

@@ -42,7 +42,8 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
 
 
 def test_json_for_a_pipedream_profile(graph_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = _json(capsys, "--profile", str(graph_file), "--workers", "4", "--bandwidth", "1e9")
+    data = _json(capsys, "--profile", str(graph_file), "--workers", "4", "--bandwidth", "1e9",
+                 "--cost-model", "pipedream")
     # node2 and node3 on one worker: 0.3 + 0.1 s. Replicating them costs more than it saves
     # (node3's 400 MB all-reduce), and cutting after node2 sends 1 GB (2 s); the 3 other
     # workers, all of which must be used, go to node4.
@@ -60,7 +61,7 @@ def test_straight_json_matches_hand_computation(
 ) -> None:
     # 3 stages of one layer: node3 receives 1 GB (2 s at 1 GB/s), the slowest term
     data = _json(capsys, "--profile", str(graph_file), "--workers", "3", "--bandwidth", "1e9",
-                 "--straight")
+                 "--straight", "--cost-model", "pipedream")
     assert [s["nodes"] for s in data["stages"]] == [["node2"], ["node3"], ["node4"]]  # type: ignore[union-attr]
     assert data["time_per_step"] == pytest.approx(2.0)
 
@@ -70,7 +71,7 @@ def test_table_and_plan_file(
 ) -> None:
     out = tmp_path / "plan.json"
     assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2",
-                 "--bandwidth", "1e10", "1e9", "--out", str(out)]) == 0
+                 "--bandwidth", "1e10", "1e9", "--out", str(out), "--cost-model", "pipedream"]) == 0
     text = capsys.readouterr().out
     assert "2 x 2 workers" in text and "predicted time per step:" in text
     assert "speedup:" in text and f"plan written to {out}" in text
@@ -85,7 +86,7 @@ def test_json_profile_of_a_layer_sequence(
     path = tmp_path / "profile.json"
     chain([1, 2, 3, 4]).save(path)
     data = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
-                 "--straight")
+                 "--straight", "--cost-model", "pipedream")
     assert [s["nodes"] for s in data["stages"]] == [[0, 1, 2], [3]]  # type: ignore[union-attr]
     assert data["time_per_step"] == 6.0
 
@@ -119,3 +120,51 @@ def test_missing_profile_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path = tmp_path / "nope.txt"
     assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9"]) == 2
     assert "cannot read --profile" in capsys.readouterr().err
+
+
+def _gpt_like(path: Path) -> Path:
+    """A heavy first and last layer, a thin middle; 8 samples."""
+    from pipetrain.plan.profile import LayerProfile, Profile
+
+    compute = [3.0, 1.0, 1.0, 1.0, 1.0, 6.0]
+    layers = tuple(LayerProfile(name=str(k), forward_s=c, backward_s=2 * c, parameter_bytes=4000,
+                                output_bytes=8000, saved_bytes=80_000)
+                   for k, c in enumerate(compute))
+    Profile(layers=layers, batch_size=8).save(path)
+    return path
+
+
+def test_pipetrain_cost_model_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _gpt_like(tmp_path / "profile.json")
+    data = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                 "--cost-model", "pipetrain")
+    assert data["cost_model"] == "pipetrain"
+    assert data["schedule"] in ("gpipe", "1f1b", "zb-h1")
+    assert data["checkpoint"] == "never" and data["num_microbatches"] in (1, 2, 4, 8)
+    stages = data["stages"]
+    assert isinstance(stages, list) and sum(s["replicas"] for s in stages) == 2
+    assert [n for s in stages for n in s["nodes"]] == list(range(6))
+    # the default cost model is the same one, and the step is what the simulator predicts
+    default = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9")
+    assert default == data
+    assert isinstance(data["time_per_step"], float) and data["time_per_step"] > 0
+    # fixing the choices: GPipe with the whole batch as one micro-batch runs the model's
+    # 13 s of forwards and 26 s of backwards one after the other, and two 8 kB messages
+    fixed = _json(capsys, "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                  "--schedule", "gpipe", "--microbatches", "1", "--straight")
+    assert (fixed["schedule"], fixed["num_microbatches"]) == ("gpipe", 1)
+    assert len(fixed["stages"]) == 2  # type: ignore[arg-type]
+    assert fixed["time_per_step"] == pytest.approx(39 + 2 * 8000 / 1e9, rel=1e-12)
+
+
+def test_pipetrain_table_shows_its_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _gpt_like(tmp_path / "profile.json")
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                 "--memory", "90000", "--microbatches", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "predicted time per step:" in text and "the simulated step" in text
+    assert "memory per worker:" in text and "(limit 90.0 kB)" in text
+    assert "4 micro-batches" in text and "chosen by the pipetrain cost model" in text
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                 "--schedule", "interleaved-1f1b"]) == 2
+    assert "schedule 'interleaved-1f1b' cannot be planned" in capsys.readouterr().err

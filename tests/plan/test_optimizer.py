@@ -14,7 +14,7 @@ from .helpers import chain, graph
 
 def plan(profile: Profile, workers: int, bandwidth: float = 1e9, **options: object) -> Plan:
     return make_plan(profile, PlannerConfig(topology=Topology.flat(workers, bandwidth),
-                                            **options))  # type: ignore[arg-type]
+                                            cost_model="pipedream", **options))  # type: ignore[arg-type]
 
 
 def shape(p: Plan) -> list[tuple[tuple[str | int, ...], int]]:
@@ -99,7 +99,8 @@ def test_two_levels_as_pipedream_defines_them() -> None:
     # both servers would pay (1 + 4 * 2e9 / 2e9 / 2) / 2 = 1.5 s; one layer per server
     # costs 0.501 s (the 0.2 s transfer hides)
     profile = chain([1, 1], outputs=[10**8, 0], parameters=[10**9, 10**9])
-    p = make_plan(profile, PlannerConfig(topology=Topology.from_lists([2, 2], [1e12, 1e9])))
+    p = make_plan(profile, PlannerConfig(topology=Topology.from_lists([2, 2], [1e12, 1e9]),
+                                         cost_model="pipedream"))
     assert p.time_per_step == pytest.approx(0.501)
     assert [(s.nodes, s.replicas_per_level, s.outer_stage) for s in p.stages] == [
         ((0,), (2, 1), (0,)), ((1,), (2, 1), (1,))]

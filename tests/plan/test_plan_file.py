@@ -9,6 +9,7 @@ import pytest
 
 from pipetrain.plan.optimizer import PlannerConfig, make_plan
 from pipetrain.plan.plan_file import Plan, PlanStage
+from pipetrain.plan.profile import Profile
 from pipetrain.plan.topology import Level, Topology
 
 from .helpers import chain, graph
@@ -16,7 +17,7 @@ from .helpers import chain, graph
 
 def test_round_trip_through_a_file(tmp_path: Path) -> None:
     profile = graph("abcd", [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], [1, 5, 10, 5])
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(3, 1e9)))
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(3, 1e9), cost_model="pipedream"))
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)
@@ -32,7 +33,8 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 
 def test_sequences_name_layers_by_index() -> None:
     profile = chain([1, 2, 3, 4])
-    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(2, 1e9), straight=True))
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(2, 1e9), cost_model="pipedream",
+                                            straight=True))
     assert [s.nodes for s in plan.stages] == [(0, 1, 2), (3,)]
     assert plan.layer_indices(profile) == [[0, 1, 2], [3]]
 
@@ -68,6 +70,18 @@ def test_bad_plan_data_names_the_field() -> None:
     with pytest.raises(ValueError, match="use 3 workers but num_workers is 2"):
         Plan(stages=(PlanStage(nodes=(0,), replicas=3),), cost_model="x", time_per_step=1.0,
              num_workers=2)
+
+
+def test_bad_profile_times_name_the_layer_and_field() -> None:
+    def layer(**fields: object) -> dict[str, object]:
+        return {"format": "pipetrain-profile",
+                "layers": [{"name": "0", "forward_s": 1.0, "backward_s": 1.0, **fields}]}
+
+    with pytest.raises(ValueError, match=r"layer 0 \('0'\): optimizer_step_s=-1 must be a number"):
+        Profile.from_dict(layer(optimizer_step_s=-1))
+    with pytest.raises(ValueError, match=r"microbatch_forward_s='fast' must be a number"):
+        Profile.from_dict(layer(microbatch_forward_s="fast"))
+    assert Profile.from_dict(layer(optimizer_step_s=0.5)).layers[0].optimizer_step_s == 0.5
 
 
 def test_topology_levels_innermost_first() -> None:

@@ -21,6 +21,7 @@ import pipetrain.plan
 import pipetrain.plan.measure
 import pipetrain.plan.memory
 import pipetrain.plan.profiler
+import pipetrain.plan.profiler_inputs
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
 from pipetrain.partition import solve
 from pipetrain.plan import Profile
@@ -99,6 +100,11 @@ def test_a_wide_layer_takes_longer_and_the_backward_halves_add_up() -> None:
     assert wide.backward_input_s > 0 and wide.backward_weight_s > 0
     assert 0.25 * wide.backward_s < wide.backward_input_s + wide.backward_weight_s < 4 * wide.backward_s
     assert (relu.backward_input_s, relu.backward_weight_s) == (relu.backward_s, 0.0)
+    # the optimizer's step over each layer's parameters; a layer without parameters has
+    # none (on a shared CPU the two steps' times are too close to order reliably)
+    assert wide.optimizer_step_s is not None and thin.optimizer_step_s is not None
+    assert wide.optimizer_step_s > 0 and thin.optimizer_step_s > 0
+    assert relu.optimizer_step_s == 0.0
 
 
 def test_the_same_model_gives_the_same_plan_twice() -> None:
@@ -301,7 +307,8 @@ def test_importing_the_plan_package_does_not_import_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", [pipetrain.plan.measure, pipetrain.plan.memory, pipetrain.plan.profiler])
+    "module", [pipetrain.plan.measure, pipetrain.plan.memory, pipetrain.plan.profiler,
+               pipetrain.plan.profiler_inputs])
 def test_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0

@@ -11,9 +11,9 @@ import pytest
 from pipetrain.plan.bisection import minimize
 from pipetrain.plan.costs import LevelContext, StageLoad, StageRow
 from pipetrain.plan.exact_dp import exact_dp
+from pipetrain.plan.flat import solve_flat
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.hierarchy import solve_hierarchy
-from pipetrain.plan.optimizer import _solve_flat
 from pipetrain.plan.replica_cache import ReplicaCache
 from pipetrain.plan.topology import Topology
 
@@ -32,7 +32,7 @@ def test_threshold_search_equals_the_plain_program(seed: int) -> None:
             memory=rng.choice([None, None, 1e9, 3e9, 1e10]),
         )
         fewer = rng.random() < 0.3
-        fast = _solve_flat(search(profile, workers, **options), fewer_workers=fewer)  # type: ignore[arg-type]
+        fast = solve_flat(search(profile, workers, **options), fewer_workers=fewer)  # type: ignore[arg-type]
         reference = search(profile, workers, **options)  # type: ignore[arg-type]
         slow = exact_dp(reference, fewer_workers=fewer)
         assert (fast is None) == (slow is None), (profile, workers, options, fewer)

@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 from pipetrain.plan.cost_models import COST_MODEL_NAMES, DEFAULT_COST_MODEL
-from pipetrain.plan.optimizer import PlannerConfig, make_plan
+from pipetrain.plan.optimizer import make_plan
 from pipetrain.plan.pipedream_format import parse_pipedream_graph
+from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
 from pipetrain.plan.profile import Profile
 from pipetrain.plan.table import render_plan
 from pipetrain.plan.topology import Topology
@@ -72,6 +73,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"one of {', '.join(COST_MODEL_NAMES)} (default {DEFAULT_COST_MODEL})",
     )
+    parser.add_argument(
+        "--schedule",
+        nargs="+",
+        metavar="NAME",
+        help=f"pipetrain cost model: the schedules to choose from (default: "
+             f"{', '.join(PLANNED_SCHEDULES)})",
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="pipetrain cost model: micro-batches per step (all replicas together) to choose "
+             "from (default: the divisors of the profile's batch size, up to 64)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        nargs="+",
+        metavar="MODE",
+        help="pipetrain cost model: checkpoint modes to choose from (never, except_last, "
+             "always; default: never, and all three under --memory)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     parser.add_argument("--out", metavar="FILE", help="also write the plan file here")
     parser.set_defaults(run=run)
@@ -108,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             memory_limit=args.memory,
             straight=args.straight,
             fewer_workers=args.fewer_workers,
+            schedules=tuple(args.schedule) if args.schedule else None,
+            num_microbatches=tuple(args.microbatches) if args.microbatches else None,
+            checkpoints=tuple(args.checkpoint) if args.checkpoint else None,
         )
         plan = make_plan(profile, config)
     except ValueError as error:

@@ -1,5 +1,7 @@
-"""Automatic partitioning: profiles of a model's layers, PipeDream's planner with stage
-replication, and plan files that ``Pipeline`` and ``pipetrain train --plan`` run.
+"""Automatic partitioning: profiles of a model's layers, the planner (stage replication;
+PipeDream's cost model, or pipetrain's, which simulates the step and also chooses the
+schedule, micro-batches and checkpoint mode), and plan files that ``Pipeline`` and
+``pipetrain train --plan`` run.
 
 The profile format, the graph and the optimizers are pure Python (no torch); the
 profiler that measures a model (``profile_model``) imports torch on first use.
@@ -8,10 +10,12 @@ Example:
     >>> from pipetrain.plan import LayerProfile, PlannerConfig, Profile, Topology, make_plan
     >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0)
     ...                for k in range(4))
-    >>> plan = make_plan(Profile(layers=layers),
+    >>> plan = make_plan(Profile(layers=layers, batch_size=8),
     ...                  PlannerConfig(topology=Topology.flat(2, 1e9), straight=True))
-    >>> [stage.nodes for stage in plan.stages], plan.time_per_step
-    ([(0, 1), (2, 3)], 6.0)
+    >>> [stage.nodes for stage in plan.stages], plan.schedule, plan.num_microbatches
+    ([(0, 1), (2, 3)], '1f1b', 8)
+    >>> plan.time_per_step  # 8 micro-batches of 0.75 s per stage, and one more to fill
+    6.75
 """
 
 from typing import Any
@@ -19,6 +23,7 @@ from typing import Any
 from pipetrain.plan.cost_models import COST_MODEL_NAMES, DEFAULT_COST_MODEL, get_cost_model
 from pipetrain.plan.costs import CostModel, LevelContext, StageLoad, StageRow
 from pipetrain.plan.costs_pipedream import PipeDreamCostModel
+from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
 from pipetrain.plan.optimizer import PlannerConfig, make_plan
 from pipetrain.plan.pipedream_format import load_pipedream_graph, parse_pipedream_graph
 from pipetrain.plan.plan_file import PLAN_FORMAT, Plan, PlanStage
@@ -30,11 +35,13 @@ __all__ = [
     "DEFAULT_COST_MODEL",
     "PLAN_FORMAT",
     "PROFILE_FORMAT",
+    "Candidate",
     "CostModel",
     "LayerProfile",
     "Level",
     "LevelContext",
     "PipeDreamCostModel",
+    "PipetrainCostModel",
     "Plan",
     "PlanStage",
     "PlannerConfig",

@@ -6,7 +6,7 @@ Example:
     >>> get_cost_model("fast")
     Traceback (most recent call last):
     ...
-    ValueError: unknown cost model 'fast'; known: pipedream, pipetrain (e.g. --cost-model pipedream)
+    ValueError: unknown cost model 'fast'; known: pipedream, pipetrain (e.g. --cost-model pipetrain)
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ _COST_MODELS = {
 COST_MODEL_NAMES = tuple(_COST_MODELS)
 """Every cost model name, built or not."""
 
-DEFAULT_COST_MODEL = "pipedream"
-"""The model ``pipetrain plan`` uses unless told (``pipetrain`` once it is built)."""
+DEFAULT_COST_MODEL = "pipetrain"
+"""The model ``pipetrain plan`` uses unless told."""
 
 
 def get_cost_model(name: str) -> CostModel:
@@ -44,12 +44,5 @@ def get_cost_model(name: str) -> CostModel:
             f"(e.g. --cost-model {DEFAULT_COST_MODEL})"
         )
     module_name, _, class_name = _COST_MODELS[name].partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name != module_name:
-            raise
-        raise ValueError(
-            f"the {name!r} cost model is not built yet; use --cost-model {DEFAULT_COST_MODEL}"
-        ) from None
+    module = importlib.import_module(module_name)
     return cast(CostModel, getattr(module, class_name)())

@@ -30,12 +30,11 @@ what crosses its cuts) at one :class:`LevelContext` (the topology level it is pl
   the planner may fall back to the plain program of :mod:`pipetrain.plan.exact_dp`.
 
 What the search minimizes is the bottleneck stage time, which is exactly PipeDream's
-time per step. A schedule-aware model (the ``pipetrain`` cost model, which simulates the
-schedule on a plan) plugs into the same search when its step time grows with the
-bottleneck for a given pipeline depth (a 1F1B step is about ``(M + K - 1)`` times the
-bottleneck for ``K`` stages and ``M`` micro-batches): it runs the search per depth (for
-instance ``straight`` plans of each ``K``, or its own micro-batch counts) and scores the
-candidates with its simulator; its memory comes in through ``stage_memory``.
+time per step. The schedule-aware ``pipetrain`` cost model
+(:mod:`pipetrain.plan.costs_pipetrain`) answers the same questions for one schedule,
+micro-batch count and checkpoint mode; its planner (:mod:`pipetrain.plan.schedule_choice`)
+runs the searches per candidate (and per depth, :mod:`pipetrain.plan.depths`) and scores
+the plans they find by simulating their step.
 
 Example:
     >>> load = StageLoad(compute_s=1.0, parameter_bytes=0.0, activation_bytes=0.0,
@@ -110,6 +109,17 @@ class StageLoad:
     only have parameters)."""
     saved_bytes: float = 0.0
     """Activations the nodes keep for their backward (0: not measured)."""
+    forward_s: float = 0.0
+    """The forward part of ``compute_s`` (models that only need the sum leave it 0)."""
+    backward_input_s: float = 0.0
+    """The input-gradient half of a split backward (zero-bubble schedules' ``I``)."""
+    backward_weight_s: float = 0.0
+    """The weight-gradient half of a split backward (``W``); the whole backward (as one
+    pass, ``compute_s - forward_s``) may take less than the two halves."""
+    gradient_bytes: float = 0.0
+    """Bytes of the parameters' gradients (what a replicated stage all-reduces)."""
+    optimizer_step_s: float = 0.0
+    """Seconds of one optimizer step over the stage's parameters (0: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -138,6 +148,12 @@ class StageRow:
     """Empty: zero for every entry."""
     saved_bytes: Sequence[float] = ()
     """Empty: zero for every entry."""
+    forward_s: Sequence[float] = ()
+    """Empty: zero for every entry (and likewise the columns below)."""
+    backward_input_s: Sequence[float] = ()
+    backward_weight_s: Sequence[float] = ()
+    gradient_bytes: Sequence[float] = ()
+    optimizer_step_s: Sequence[float] = ()
     cache: dict[object, object] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -155,6 +171,11 @@ class StageRow:
             is_last=self.is_last[k],
             weight_memory_bytes=self.weight_memory_bytes[k] if self.weight_memory_bytes else 0.0,
             saved_bytes=self.saved_bytes[k] if self.saved_bytes else 0.0,
+            forward_s=self.forward_s[k] if self.forward_s else 0.0,
+            backward_input_s=self.backward_input_s[k] if self.backward_input_s else 0.0,
+            backward_weight_s=self.backward_weight_s[k] if self.backward_weight_s else 0.0,
+            gradient_bytes=self.gradient_bytes[k] if self.gradient_bytes else 0.0,
+            optimizer_step_s=self.optimizer_step_s[k] if self.optimizer_step_s else 0.0,
         )
 
     @staticmethod
@@ -175,6 +196,11 @@ class StageRow:
             is_first=first.is_first,
             weight_memory_bytes=[x.weight_memory_bytes for x in loads],
             saved_bytes=[x.saved_bytes for x in loads],
+            forward_s=[x.forward_s for x in loads],
+            backward_input_s=[x.backward_input_s for x in loads],
+            backward_weight_s=[x.backward_weight_s for x in loads],
+            gradient_bytes=[x.gradient_bytes for x in loads],
+            optimizer_step_s=[x.optimizer_step_s for x in loads],
         )
 
 

@@ -25,14 +25,50 @@ import heapq
 from collections.abc import Sequence
 
 from pipetrain.plan.costs import StageLoad
-from pipetrain.plan.profile import Profile
+from pipetrain.plan.profile import LayerProfile, Profile
 
 __all__ = ["DEFAULT_MAX_CUTS", "CutGraph"]
 
 DEFAULT_MAX_CUTS = 10_000
 """The most cuts :class:`CutGraph` enumerates before giving up with advice."""
 
-_SUMS = ("compute_s", "parameter_bytes", "activation_bytes", "weight_memory_bytes", "saved_bytes")
+_SUMS = (
+    "compute_s",
+    "parameter_bytes",
+    "activation_bytes",
+    "weight_memory_bytes",
+    "saved_bytes",
+    "forward_s",
+    "backward_input_s",
+    "backward_weight_s",
+    "gradient_bytes",
+    "optimizer_step_s",
+)
+
+
+def _values(layer: LayerProfile) -> list[float]:
+    """One layer's value of each of ``_SUMS``; a backward's halves not measured are half
+    the backward each for a layer with parameters (all of it input gradients without),
+    as the profile says."""
+    weight_s = layer.backward_weight_s
+    if weight_s is None:
+        weight_s = layer.backward_s / 2 if layer.parameter_bytes else 0.0
+    input_s = layer.backward_input_s
+    if input_s is None:
+        input_s = layer.backward_s - weight_s
+    gradients = layer.parameter_bytes if layer.gradient_bytes is None else layer.gradient_bytes
+    return [
+        layer.compute_s,
+        float(layer.parameter_bytes),
+        float(layer.output_bytes),
+        float(layer.weight_memory_bytes),
+        float(layer.saved_bytes),
+        layer.forward_s,
+        input_s,
+        weight_s,
+        float(gradients),
+        layer.optimizer_step_s or 0.0,
+    ]
 
 
 class CutGraph:
@@ -78,16 +114,7 @@ class CutGraph:
     # -- construction ----------------------------------------------------------------------
     def _enumerate(self, max_cuts: int) -> None:
         layers = self.profile.layers
-        values = [
-            [
-                layer.compute_s,
-                float(layer.parameter_bytes),
-                float(layer.output_bytes),
-                float(layer.weight_memory_bytes),
-                float(layer.saved_bytes),
-            ]
-            for layer in layers
-        ]
+        values = [_values(layer) for layer in layers]
         index: dict[int, int] = {0: 0}
         self.cuts = [0]
         self._children = [[]]
@@ -170,9 +197,18 @@ class CutGraph:
         """The node indices in cut ``b`` but not in cut ``a`` (ascending)."""
         return _bit_indices(self.cuts[b] & ~self.cuts[a])
 
+    def node_ids(self, a: int, b: int) -> tuple[str | int, ...]:
+        """The ids of the nodes between cuts ``a`` and ``b`` as plans name them: layer
+        indices for a layer sequence, the profile's node names for a graph."""
+        nodes = self.nodes_between(a, b)
+        if self.profile.is_sequence:
+            return tuple(nodes)
+        return tuple(self.profile.layers[v].name for v in nodes)
+
     def stage_sum(self, name: str, a: int, b: int) -> float:
         """The sum of ``name`` (one of ``compute_s``, ``parameter_bytes``,
-        ``activation_bytes``, ``weight_memory_bytes``, ``saved_bytes``) over a stage."""
+        ``activation_bytes``, ``weight_memory_bytes``, ``saved_bytes``, ``forward_s``,
+        ``backward_input_s``, ``backward_weight_s``, ``gradient_bytes``, ``optimizer_step_s``) over a stage."""
         values = self.sums[name]
         return values[b] - values[a]
 
@@ -189,6 +225,11 @@ class CutGraph:
             is_last=b == self.full,
             weight_memory_bytes=self.stage_sum("weight_memory_bytes", a, b),
             saved_bytes=self.stage_sum("saved_bytes", a, b),
+            forward_s=self.stage_sum("forward_s", a, b),
+            backward_input_s=self.stage_sum("backward_input_s", a, b),
+            backward_weight_s=self.stage_sum("backward_weight_s", a, b),
+            gradient_bytes=self.stage_sum("gradient_bytes", a, b),
+            optimizer_step_s=self.stage_sum("optimizer_step_s", a, b),
         )
 
     def contains(self, a: int, b: int) -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "Timings",
     "median_time",
     "time_layer",
+    "time_optimizer_step",
 ]
 
 LossFn = Callable[[Any, Any], Tensor]
@@ -247,3 +248,40 @@ def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: T
             weight.run()
         del split, weight
     return output
+
+
+def time_optimizer_step(
+    params: list[nn.Parameter],
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    *,
+    device: torch.device,
+    warmup: int,
+    repetitions: int,
+) -> list[Sample]:
+    """Time ``warmup + repetitions`` calls of ``step()`` of ``optimizer(params)`` (on the
+    gradients the parameters hold, which it updates); keep the last ``repetitions``. The
+    first step creates the optimizer's state, so at least one untimed step runs.
+
+    Example:
+        >>> layer = nn.Linear(4, 4)
+        >>> layer(torch.ones(2, 4)).sum().backward()
+        >>> samples = time_optimizer_step(list(layer.parameters()), torch.optim.AdamW,
+        ...                               device=torch.device("cpu"), warmup=0, repetitions=3)
+        >>> len(samples)
+        3
+    """
+    trainable = [p for p in params if p.requires_grad and p.grad is not None]
+    if not trainable:
+        return []
+    step = optimizer(trainable).step
+    samples: list[Sample] = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for round_index in range(max(1, warmup) + repetitions):
+            with _timed(samples, round_index >= max(1, warmup), device):
+                step()
+    finally:
+        if collecting:
+            gc.enable()
+    return samples

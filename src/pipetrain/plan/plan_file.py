@@ -25,6 +25,9 @@ the Python API read it. The JSON form (:meth:`Plan.to_dict`)::
 
 ``schedule``, ``num_microbatches`` and ``checkpoint`` are filled by cost models that
 choose them (the ``pipetrain`` model); ``null`` leaves the choice to the trainer.
+``num_microbatches`` counts micro-batches per replica of the first stage, as
+:class:`~pipetrain.api.config.PipelineConfig` does: a step runs ``num_microbatches x
+stages[0].replicas`` of them, dealt round-robin over each stage's replicas.
 """
 
 from __future__ import annotations

@@ -77,6 +77,9 @@ class LayerProfile:
     microbatch_backward_s: float | None = None
     microbatch_backward_input_s: float | None = None
     microbatch_backward_weight_s: float | None = None
+    optimizer_step_s: float | None = None
+    """Seconds of one step of the profile's optimizer over the layer's parameters (None:
+    not measured); it does not depend on the batch size."""
 
     @property
     def compute_s(self) -> float:
@@ -99,8 +102,13 @@ def _check_layer(index: int, record: dict[str, Any]) -> LayerProfile:
     if missing:
         raise ValueError(f"profile layer {index}: missing field(s) {missing}")
     layer = LayerProfile(**record)
-    for name in ("forward_s", "backward_s", "output_bytes", "parameter_bytes", "optimizer_bytes", "saved_bytes"):
+    optional = [f.name for f in fields(LayerProfile)
+                if f.name.endswith("_s") and f.name not in ("forward_s", "backward_s")]
+    for name in ("forward_s", "backward_s", "output_bytes", "parameter_bytes", "optimizer_bytes",
+                 "saved_bytes", *optional):
         value = getattr(layer, name)
+        if value is None and name in optional:
+            continue
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise ValueError(f"profile layer {index} ({layer.name!r}): {name}={value!r} must be a number >= 0")
     return layer

@@ -29,6 +29,9 @@ later input needs one where the previous output did. What each field counts:
     counter): ``"sgd"`` 0 (SGD with momentum, e.g. ``functools.partial(torch.optim.SGD,
     lr=0.1, momentum=0.9)``: the momentum buffer, 1x), ``"adam"`` / ``"adamw"`` 2x the
     trainable parameters. The step runs on the profiler's copy, after the timings.
+``optimizer_step_s``
+    one ``step()`` of a new optimizer of that kind over those parameters (after an
+    untimed first step, which creates its state): the step a stage runs once per step.
 ``saved_bytes``
     the tensors the forward (and the last layer's ``loss_fn``) saves for the backward,
     seen through :class:`torch.autograd.graph.saved_tensors_hooks`, each storage once,
@@ -74,7 +77,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +86,14 @@ from torch import nn
 
 from pipetrain.microbatch import batch_size as rows_of
 from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.plan.measure import LossFn, Pass, Timings, median_time, time_layer
+from pipetrain.plan.measure import (
+    LossFn,
+    Pass,
+    Timings,
+    median_time,
+    time_layer,
+    time_optimizer_step,
+)
 from pipetrain.plan.memory import (
     OPTIMIZERS,
     OptimizerFactory,
@@ -93,13 +103,12 @@ from pipetrain.plan.memory import (
     storage_key,
 )
 from pipetrain.plan.profile import LayerProfile, Profile
+from pipetrain.plan.profiler_inputs import LayerSource, check_settings, layer_sources
 
 __all__ = ["TIME_DIGITS", "LayerSource", "profile_model"]
 
 _logger = logging.getLogger(__name__)
 
-LayerSource = nn.Module | Callable[[], nn.Module]
-"""A layer, or a factory that builds one (``pipetrain.models.gpt_layer_factories``)."""
 TIME_DIGITS = 3
 """Significant digits kept of every measured time."""
 
@@ -133,59 +142,6 @@ def _describe(value: Any, limit: int = 200) -> str:
 
 def _first_rows(value: Any, rows: int) -> Any:
     return map_tensors(lambda t: t[:rows] if t.dim() > 0 else t, value)
-
-
-def _sources(layers: nn.Sequential | Iterable[LayerSource]) -> list[LayerSource]:
-    one = isinstance(layers, nn.Module) and not isinstance(layers, (nn.Sequential, nn.ModuleList))
-    if one or isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
-        raise TypeError(
-            f"layers must be an nn.Sequential or a list of modules or of layer factories, "
-            f"got {'one ' if one else ''}{type(layers).__name__}; fix: "
-            "profile_model(nn.Sequential(...), sample)"
-        )
-    items = list(layers)
-    if not items:
-        raise ValueError(
-            "layers is empty: nothing to profile; fix: pass the model's layers, e.g. "
-            "profile_model(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(4, 8))"
-        )
-    bad = [f"layers[{i}] is a {type(x).__name__}" for i, x in enumerate(items)
-           if not (isinstance(x, nn.Module) or callable(x))]
-    if bad:
-        raise TypeError(f"{', '.join(bad)}: every layer must be an nn.Module or a "
-                        "factory that returns one (e.g. functools.partial(nn.Linear, 8, 8))")
-    return items
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check(rows: int, batch_size: int | None, microbatch_size: int | None, warmup: int,
-           repetitions: int, optimizer: object, loss_fn: object, target: object) -> None:
-    problems = []
-    if not (_is_int(warmup) and warmup >= 0):
-        problems.append(f"warmup={warmup!r} must be an int >= 0, e.g. warmup=2")
-    if not (_is_int(repetitions) and repetitions >= 1):
-        problems.append(f"repetitions={repetitions!r} must be an int >= 1, e.g. repetitions=5")
-    if not (callable(optimizer) or optimizer in OPTIMIZERS):
-        problems.append(f"optimizer={optimizer!r} is not one of {sorted(OPTIMIZERS)} nor a "
-                        "callable params -> torch.optim.Optimizer")
-    if batch_size is not None and not (_is_int(batch_size) and 1 <= batch_size <= rows):
-        problems.append(f"batch_size={batch_size!r} must be an int in 1..{rows} (the sample's "
-                        f"rows); fix: leave it out to profile all {rows}")
-    size = batch_size if batch_size is not None and _is_int(batch_size) else rows
-    if microbatch_size is not None and not (_is_int(microbatch_size)
-                                            and 1 <= microbatch_size <= size):
-        problems.append(f"microbatch_size={microbatch_size!r} must be an int in 1..{size}, "
-                        f"e.g. microbatch_size={max(1, size // 4)}")
-    if loss_fn is not None and not callable(loss_fn):
-        problems.append(f"loss_fn={loss_fn!r} must be callable as loss_fn(output, target)")
-    if loss_fn is None and target is not None:
-        problems.append("a target is given without loss_fn; fix: pass loss_fn too, "
-                        "or leave target out")
-    if problems:
-        raise ValueError("cannot profile: " + "; ".join(problems))
 
 
 def _optimizer_name(optimizer: str | OptimizerFactory) -> str:
@@ -300,6 +256,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
                 f"{type(error).__name__}: {error}; fix: a larger microbatch_size"
             ) from error
         times |= _times(micro, has_weights, "microbatch_")
+    trainable = [p for p in params if p.requires_grad]
     record = LayerProfile(
         name=str(index),
         description=name,
@@ -307,8 +264,10 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),
         gradient_bytes=sum(p.grad.numel() * p.grad.element_size()
                            for p in params if p.grad is not None),
-        optimizer_bytes=optimizer_state_bytes([p for p in params if p.requires_grad],
-                                              settings.optimizer),
+        optimizer_bytes=optimizer_state_bytes(trainable, settings.optimizer),
+        optimizer_step_s=median_time(time_optimizer_step(
+            trainable, settings.optimizer, device=settings.device, warmup=settings.warmup,
+            repetitions=settings.repetitions), digits=TIME_DIGITS),
         saved_bytes=memory.saved_bytes,
         **times,
     )
@@ -353,9 +312,9 @@ def profile_model(
         >>> profile.layers[1].backward_weight_s
         0.0
     """
-    sources = _sources(layers)
+    sources = layer_sources(layers)
     rows = rows_of(sample)
-    _check(rows, batch_size, microbatch_size, warmup, repetitions, optimizer, loss_fn, target)
+    check_settings(rows, batch_size, microbatch_size, warmup, repetitions, optimizer, loss_fn, target)
     size = rows if batch_size is None else batch_size
     device = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))

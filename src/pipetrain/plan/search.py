@@ -108,6 +108,11 @@ class FlatSearch:
             is_first=a == 0,
             weight_memory_bytes=column("weight_memory_bytes"),
             saved_bytes=column("saved_bytes"),
+            forward_s=column("forward_s"),
+            backward_input_s=column("backward_input_s"),
+            backward_weight_s=column("backward_weight_s"),
+            gradient_bytes=column("gradient_bytes"),
+            optimizer_step_s=column("optimizer_step_s"),
         )
 
     def load(self, a: int, b: int) -> StageLoad:

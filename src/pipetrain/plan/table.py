@@ -14,6 +14,7 @@ Example:
     predicted time per step: 200.0 ms (cost model pipedream; slowest stage: 1)
     speedup: 2.50x over one worker, 1.25x over data parallelism on 4 workers
     workers used: 4 of 4; 2 stages
+    memory per worker: 2.0 GB at most
     schedule: not chosen by the plan (the pipedream cost model predicts PipeDream's 1F1B with weight stashing, 2 minibatches in flight at the input stage)
 """
 
@@ -85,9 +86,10 @@ def render_plan(plan: Plan) -> str:
     ]
     times = [(s.time, j) for j, s in enumerate(plan.stages) if s.time is not None]
     slowest = f"; slowest stage: {max(times)[1]}" if times else ""
+    how = ": the simulated step" if plan.cost_model == "pipetrain" else ""
     lines.append(
         f"predicted time per step: {_seconds(plan.time_per_step)} "
-        f"(cost model {plan.cost_model}{slowest})"
+        f"(cost model {plan.cost_model}{how}{slowest})"
     )
     speedups = []
     one, data = plan.speedup_over_one_worker(), plan.speedup_over_data_parallel()
@@ -100,10 +102,16 @@ def render_plan(plan: Plan) -> str:
     lines.append(
         f"workers used: {plan.workers_used} of {plan.num_workers}; {plan.num_stages} stages"
     )
+    memory = [s.memory_per_worker for s in plan.stages if s.memory_per_worker is not None]
+    if memory:
+        limit = f" (limit {_bytes(plan.memory_limit)})" if plan.memory_limit else ""
+        lines.append(f"memory per worker: {_bytes(max(memory))} at most{limit}")
     if plan.schedule is not None:
+        per = " per replica of stage 0" if plan.stages[0].replicas > 1 else ""
         lines.append(
-            f"schedule: {plan.schedule}, {plan.num_microbatches} micro-batches"
+            f"schedule: {plan.schedule}, {plan.num_microbatches} micro-batches{per}"
             + (f", checkpoint {plan.checkpoint}" if plan.checkpoint else "")
+            + f" (chosen by the {plan.cost_model} cost model)"
         )
     elif plan.cost_model == "pipedream":
         in_flight = -(-plan.workers_used // plan.stages[0].replicas)

@@ -1,0 +1,335 @@
+"""The planner's plan vs the even split by layer count, trained side by side; and the
+``pipetrain`` cost model's predicted step vs the measured one.
+
+What it measures
+----------------
+A GPT with a large vocabulary (default: 16,384 tokens, width 128, 8 blocks, context 32,
+16 sequences per step, untied embedding and head, AdamW) is heavy at both ends and thin
+in the middle: the token embedding's optimizer step and the output head's matrix product
+and cross-entropy cost several blocks each, so cutting it by layer count (the even split)
+leaves one stage much slower than the other. In one job of ``--workers`` processes (gloo
+on 127.0.0.1, 1 intra-op thread each):
+
+1. rank 0 profiles the model (:func:`pipetrain.plan.profile_model`, one batch of random
+   tokens, its micro-batch times at one sample) while the other ranks wait;
+2. the ranks measure the job's bandwidth (a gloo all-reduce of 16 MB: ring bandwidth
+   ``2 (r - 1) / r * bytes / seconds``; ``--bandwidth`` overrides it);
+3. rank 0 plans with the ``pipetrain`` cost model on that many workers and bandwidth
+   (stages, replicas, schedule, micro-batches, checkpoint mode; every worker used), and
+   every rank takes the plan;
+4. two pipelines are built in the same processes: the plan (``config_from_plan``) and
+   the even split on as many stages as workers, with the schedule, micro-batches and
+   checkpoint mode the same model finds best for that cut
+   (:func:`~pipetrain.plan.schedule_choice.plan_for_layout`), so that each layout runs
+   as well as the model knows how;
+5. after warm-up steps, repetitions alternate between the two; each timed step starts
+   after a barrier and lasts until the slowest rank returns from ``train_step``.
+
+It prints the medians, the speedup of the plan over the even split, the predicted step
+of each layout (the simulator on the profiled costs, as the planner predicts it) against
+the measured one, and where they part: the per-stage action costs measured in the
+timed steps (``measure_step``) next to the profiled ones, and the simulator on the
+measured costs.
+
+Run it
+------
+::
+
+    PYTHONPATH=src python benchmarks/planner.py                    # ~1 minute
+    PYTHONPATH=src python benchmarks/planner.py --repetitions 20 --json
+    PYTHONPATH=src python benchmarks/planner.py --workers 3 --vocab 32768 --width 128
+
+Goals: the plan at least 1.3x faster than the even split; the predicted step within 15%
+of the measured one. With every process on its own core the figures mean what they say;
+on a machine that other jobs load they drift (the script reports the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pipetrain.launch import run_processes
+
+GOAL_SPEEDUP = 1.3
+GOAL_ERROR = 0.15
+BANDWIDTH_BYTES = 16 * 2**20
+
+
+def _model(opts: Any) -> Any:
+    from pipetrain.models import GPTConfig
+
+    return GPTConfig(vocab_size=opts.vocab, width=opts.width, num_layers=opts.layers,
+                     context=opts.context, num_heads=opts.heads, tie_embeddings=False)
+
+
+def _batch(opts: Any, step: int) -> tuple[Any, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, opts.vocab, (opts.batch, opts.context + 1), generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _measure_bandwidth(world_size: int) -> float:
+    """Ring all-reduce bandwidth of the job, bytes per second (median of 5)."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.ones(BANDWIDTH_BYTES // 4)
+    times = []
+    for k in range(6):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        if k:
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return 2 * (world_size - 1) / world_size * BANDWIDTH_BYTES / seconds
+
+
+def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
+    from pipetrain.models import gpt_layer_factories, gpt_loss
+    from pipetrain.plan import PlannerConfig, Topology, make_plan, profile_model
+    from pipetrain.plan.schedule_choice import plan_for_layout
+
+    config = _model(opts)
+    tokens, targets = _batch(opts, -1)
+    began = time.perf_counter()
+    profile = profile_model(gpt_layer_factories(config, seed=0), tokens, loss_fn=gpt_loss,
+                            target=targets, microbatch_size=1, device="cpu",
+                            repetitions=opts.profile_repetitions)
+    profiled = time.perf_counter() - began
+    bandwidth = opts.bandwidth or opts.measured_bandwidth
+    began = time.perf_counter()
+    schedules = tuple(opts.schedules) if opts.schedules else None
+    planner = PlannerConfig(topology=Topology.flat(world_size, bandwidth), schedules=schedules)
+    plan = make_plan(profile, planner)
+    planned = time.perf_counter() - began
+    layers = profile.num_layers
+    even = [layers // world_size + (1 if j < layers % world_size else 0)
+            for j in range(world_size)]
+    even_plan = plan_for_layout(profile, even, [1] * world_size, planner)
+    return {"profile": profile.to_dict(), "plan": plan.to_dict(), "even": even_plan.to_dict(),
+            "bandwidth": bandwidth, "profile_seconds": profiled, "plan_seconds": planned}
+
+
+def worker(ctx: Any, opts: Any) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from pipetrain.api.pipeline import Pipeline
+    from pipetrain.api.plan_config import config_from_plan
+    from pipetrain.models import gpt_layer_factories, gpt_loss
+    from pipetrain.plan import Plan
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    opts.measured_bandwidth = _measure_bandwidth(world_size)
+    box: list[Any] = [_plan_on_rank0(opts, world_size) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    planned = box[0]
+    config = _model(opts)
+    layouts = {name: config_from_plan(Plan.from_dict(planned[name]), num_layers=opts.layers + 2)
+               for name in ("plan", "even")}
+
+    def adamw(params: Any) -> Any:
+        return torch.optim.AdamW(params, lr=1e-3)
+
+    pipes = {name: Pipeline(gpt_layer_factories(config, seed=0), loss_fn=gpt_loss,
+                            optimizer=adamw, config=layout, context=ctx)
+             for name, layout in layouts.items()}
+    times: dict[str, list[float]] = {name: [] for name in pipes}
+    records: dict[str, list[Any]] = {name: [] for name in pipes}
+    losses: dict[str, list[float]] = {name: [] for name in pipes}
+    for k in range(opts.warmup + opts.repetitions):
+        x, y = _batch(opts, k)
+        for name, pipe in pipes.items():
+            dist.barrier()
+            start = time.perf_counter()
+            loss = pipe.train_step(x, y)
+            elapsed = time.perf_counter() - start
+            losses[name].append(loss)
+            if k >= opts.warmup:
+                times[name].append(elapsed)
+                records[name].append((pipe.last_step_start, list(pipe.last_timeline)))
+    schedules = {name: pipe.schedule() for name, pipe in pipes.items()}
+    balances = {name: [len(r) for r in pipe.layout.layer_ranges] for name, pipe in pipes.items()}
+    for pipe in pipes.values():
+        pipe.close()
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, {"times": times, "records": records})
+    if rank != 0:
+        return {}
+    return {"planned": planned, "gathered": gathered, "losses": losses,
+            "schedules": schedules, "balances": balances}
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequence[int],
+               bandwidth: float) -> dict[str, Any]:
+    """The pipetrain model's step for a layout under the plan's choices, and its
+    per-stage action costs."""
+    from pipetrain.plan.costs_pipetrain import Candidate
+    from pipetrain.plan.graph import CutGraph
+    from pipetrain.plan.microbatch_profile import microbatch_profile
+    from pipetrain.plan.simulated_step import predicted_step, step_costs
+
+    total = plan.num_microbatches * plan.stages[0].replicas
+    candidate = Candidate(schedule=plan.schedule, num_microbatches=total,
+                          checkpoint=plan.checkpoint or "never")
+    graph = CutGraph(microbatch_profile(profile, total))
+    cuts = [0]
+    for count in balance:
+        cuts.append(cuts[-1] + count)
+    loads = [graph.load(a, b) for a, b in itertools.pairwise(cuts)]
+    costs = step_costs(loads, replicas, candidate, bandwidth=bandwidth)
+    step = predicted_step(loads, replicas, candidate, bandwidth=bandwidth)
+    return {"step_s": step, "costs": costs.per_stage(len(loads))}
+
+
+def _measured(name: str, gathered: Sequence[Any], schedule: Any) -> dict[str, Any]:
+    """Per-stage action costs measured in the timed steps, and the simulator on them."""
+    from pipetrain.schedule import TimedAction, simulate
+    from pipetrain.trace import aggregate, measure_step, offsets_from_origins
+
+    world_size = len(gathered)
+    measures, simulated = [], []
+    for rep in range(len(gathered[0]["records"][name])):
+        origins = [gathered[r]["records"][name][rep][0] for r in range(world_size)]
+        offsets = offsets_from_origins(origins)
+        timeline = [TimedAction(r, t.action, t.start + offsets[r], t.end + offsets[r])
+                    for r in range(world_size) for t in gathered[r]["records"][name][rep][1]]
+        measure = measure_step(timeline, num_ranks=world_size, num_stages=schedule.num_stages)
+        measures.append(measure)
+        simulated.append(simulate(schedule, measure.mean_costs).makespan)
+    summary = aggregate(measures)
+    return {"makespan_s": summary.makespan, "simulated_on_measured_s": _median(simulated),
+            "costs": summary.mean_costs.per_stage(schedule.num_stages)}
+
+
+def analyse(raw: dict[str, Any]) -> dict[str, Any]:
+    from pipetrain.plan import Plan, Profile
+
+    planned = raw["planned"]
+    profile = Profile.from_dict(planned["profile"])
+    gathered = raw["gathered"]
+    out: dict[str, Any] = {"plan": planned["plan"], "even": planned["even"],
+                           "bandwidth": planned["bandwidth"],
+                           "profile_seconds": planned["profile_seconds"],
+                           "plan_seconds": planned["plan_seconds"], "layouts": {}}
+    for name in ("plan", "even"):
+        plan = Plan.from_dict(planned[name])
+        steps = [max(g["times"][name][k] for g in gathered)
+                 for k in range(len(gathered[0]["times"][name]))]
+        balance = raw["balances"][name]
+        replicas = [s.replicas for s in plan.stages]
+        predicted = _predicted(profile, plan, balance, replicas, planned["bandwidth"])
+        measured = _measured(name, gathered, raw["schedules"][name])
+        step = _median(steps)
+        out["layouts"][name] = {
+            "balance": balance, "replicas": replicas, "step_s": step, "steps_s": steps,
+            "schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
+            "checkpoint": plan.checkpoint,
+            "predicted_s": predicted["step_s"],
+            "error": predicted["step_s"] / step - 1.0,
+            "makespan_s": measured["makespan_s"],
+            "simulated_on_measured_s": measured["simulated_on_measured_s"],
+            "profiled_costs": _costs(predicted["costs"]),
+            "measured_costs": _costs(measured["costs"]),
+            "first_losses": raw["losses"][name][:2],
+        }
+    out["speedup"] = out["layouts"]["even"]["step_s"] / out["layouts"]["plan"]["step_s"]
+    out["predicted_speedup"] = (out["layouts"]["even"]["predicted_s"]
+                                / out["layouts"]["plan"]["predicted_s"])
+    return out
+
+
+def _costs(costs: Any) -> dict[str, list[float]]:
+    return {name: list(getattr(costs, name)) for name in
+            ("forward", "backward", "backward_input", "backward_weight", "reduce", "step",
+             "communication")}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:7.1f} ms"
+
+
+def report(result: dict[str, Any], opts: Any) -> None:
+    print(f"model: GPT vocab {opts.vocab}, width {opts.width}, {opts.layers} blocks, context "
+          f"{opts.context}, batch {opts.batch}; {opts.workers} workers x 1 thread, gloo")
+    print(f"bandwidth {result['bandwidth']:.3g} B/s; profiled in {result['profile_seconds']:.1f} s, "
+          f"planned in {result['plan_seconds']:.2f} s")
+    for name, entry in result["layouts"].items():
+        print(f"\n{name:5} balance {entry['balance']} replicas {entry['replicas']}, "
+              f"{entry['schedule']}, {entry['num_microbatches']} micro-batches per replica of "
+              f"stage 0, checkpoint {entry['checkpoint']}: measured "
+              f"{_ms(entry['step_s'])} (its actions span {_ms(entry['makespan_s'])}), "
+              f"predicted {_ms(entry['predicted_s'])} ({entry['error']:+.1%}); the simulator "
+              f"on the measured costs {_ms(entry['simulated_on_measured_s'])}")
+        for kind in ("forward", "backward", "backward_input", "backward_weight", "reduce",
+                     "step"):
+            profiled = ", ".join(f"{v * 1e3:.2f}" for v in entry["profiled_costs"][kind])
+            measured = ", ".join(f"{v * 1e3:.2f}" for v in entry["measured_costs"][kind])
+            print(f"  {kind:15} ms per stage: profiled [{profiled}]  measured [{measured}]")
+    print(f"\nspeedup of the plan over the even split: {result['speedup']:.2f}x, predicted "
+          f"{result['predicted_speedup']:.2f}x (goal >= {GOAL_SPEEDUP}x: "
+          f"{'met' if result['speedup'] >= GOAL_SPEEDUP else 'MISSED'})")
+    error = result["layouts"]["plan"]["error"]
+    print(f"predicted vs measured step of the plan: {error:+.1%} (goal within "
+          f"{GOAL_ERROR:.0%}: {'met' if abs(error) <= GOAL_ERROR else 'MISSED'})")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=8, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="bytes/s the planner assumes (default: measured in the job)")
+    parser.add_argument("--schedules", nargs="+", default=None,
+                        help="the schedules the planner may choose (default: all it plans)")
+    parser.add_argument("--repetitions", type=int, default=10, help="timed steps per layout")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per layout")
+    parser.add_argument("--profile-repetitions", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv)
+    load = list(os.getloadavg())
+    began = time.perf_counter()
+    raw = run_processes(worker, opts.workers, opts, timeout=opts.timeout)[0]
+    result = analyse(raw)
+    result["machine"] = {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                         "loadavg_start": load, "loadavg_end": list(os.getloadavg())}
+    result["seconds"] = time.perf_counter() - began
+    result["goals"] = {"speedup": result["speedup"] >= GOAL_SPEEDUP,
+                       "prediction": abs(result["layouts"]["plan"]["error"]) <= GOAL_ERROR}
+    if opts.json:
+        print(json.dumps(result))
+    else:
+        report(result, opts)
+        print(f"load average {load} at the start, {result['machine']['loadavg_end']} at the "
+              f"end; {result['seconds']:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

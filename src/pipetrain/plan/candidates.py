@@ -1,0 +1,241 @@
+"""The searches the ``pipetrain`` cost model's planner runs: one per micro-batch count,
+checkpoint mode, and kind of layout, each with the schedules whose plans it finds.
+
+For every micro-batch count ``N`` (the config's, or
+:func:`~pipetrain.plan.microbatch_profile.microbatch_counts`) and checkpoint mode (the
+config's; else ``never``, and all three under a memory limit):
+
+- the schedules that run stages with different replica counts (``gpipe``, ``1f1b``:
+  :data:`~pipetrain.schedule.replicated.REPLICATED_SCHEDULES`) share one search with any
+  replica counts (straight if the config says so);
+- the others (``zb-h1``) need the same count ``D`` on every stage: for every ``D`` that
+  divides the workers, a straight search over groups of ``D`` workers
+  (:class:`~pipetrain.plan.costs_pipetrain.ReplicaGroups`).
+
+Without a memory limit, a stage's time depends on the schedule only through its backward
+(one pass, or the two halves of ZB-H1), so the schedules of a kind with the same backward
+share a search; under one, each schedule gets its own (its memory differs).
+
+Example:
+    >>> from pipetrain.plan.planner_config import PlannerConfig
+    >>> from pipetrain.plan.profile import LayerProfile, Profile
+    >>> from pipetrain.plan.topology import Topology
+    >>> one = (LayerProfile(name="0", forward_s=1.0, backward_s=2.0),)
+    >>> found = searches(Profile(layers=one, batch_size=2),
+    ...                  PlannerConfig(topology=Topology.flat(2, 1e9)))
+    >>> [(s.candidate.num_microbatches, s.schedules, s.group) for s in found]
+    [(1, ('gpipe', '1f1b'), 1), (1, ('zb-h1',), 2), (2, ('gpipe', '1f1b'), 1), (2, ('zb-h1',), 2)]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pipetrain.plan.costs import CostModel, LevelContext
+from pipetrain.plan.costs_pipetrain import (
+    CHECKPOINT_MODES,
+    UNRUNNABLE_TIME,
+    Candidate,
+    PipetrainCostModel,
+    ReplicaGroups,
+    splits_backward,
+)
+from pipetrain.plan.depths import best_per_depth, depth_cost
+from pipetrain.plan.flat import solve_flat
+from pipetrain.plan.graph import CutGraph
+from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_profile
+from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
+from pipetrain.plan.profile import Profile
+from pipetrain.plan.search import FlatSearch, Stages
+from pipetrain.schedule.replicated import REPLICATED_SCHEDULES
+
+__all__ = ["DEPTH_BUDGET", "EXHAUSTIVE_PLANS", "Search", "count_plans", "searches"]
+
+logger = logging.getLogger(__name__)
+
+EXHAUSTIVE_PLANS = 512
+"""The most plans a search lists for simulation, all of them (else the best per depth)."""
+DEPTH_BUDGET = 300_000
+"""The most (pairs of cuts x workers^2 x stages) for which every depth is planned."""
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search, the schedules whose plans it finds, and the replicas per searched
+    worker (``group``: 1, or ``D`` for plans with ``D`` replicas on every stage).
+
+    Example:
+        >>> from pipetrain.plan.planner_config import PlannerConfig
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.topology import Topology
+        >>> one = (LayerProfile(name="0", forward_s=1.0, backward_s=2.0),)
+        >>> found = searches(Profile(layers=one, batch_size=2),
+        ...                  PlannerConfig(topology=Topology.flat(2, 1e9)))
+        >>> found[-1].plans(fewer_workers=False)  # one stage on two replicas
+        [[(0, 1, 2)]]
+    """
+
+    search: FlatSearch
+    schedules: tuple[str, ...]
+    group: int = 1
+
+    @property
+    def candidate(self) -> Candidate:
+        """The micro-batches and checkpoint mode searched (and the first schedule)."""
+        model = self.search.model
+        base = model.model if isinstance(model, ReplicaGroups) else model
+        assert isinstance(base, PipetrainCostModel)
+        return base.candidate
+
+    def plans(self, *, fewer_workers: bool, exhaustive: int = EXHAUSTIVE_PLANS,
+              depth_budget: int = DEPTH_BUDGET) -> list[Stages]:
+        """The plans to simulate, replicas per worker: every plan that can run and fits
+        the memory limit when there are at most ``exhaustive`` plans; else the best of
+        every depth where that program is small enough (``depth_budget``); else the best
+        of any depth."""
+        search = self.search
+        if count_plans(search, fewer_workers=fewer_workers, limit=exhaustive) <= exhaustive:
+            found = [(stages, 0.0) for stages in _every_plan(search, fewer_workers)]
+        elif depth_cost(search) <= depth_budget:
+            found = list(best_per_depth(search, fewer_workers=fewer_workers).values())
+        else:
+            logger.info("%d stage evaluations to plan every depth: planning the best only",
+                        depth_cost(search))
+            best = solve_flat(search, fewer_workers=fewer_workers)
+            found = [] if best is None else [best]
+        return [[(a, b, r * self.group) for a, b, r in stages]
+                for stages, time in found if time < UNRUNNABLE_TIME]
+
+
+def count_plans(search: FlatSearch, *, fewer_workers: bool, limit: int) -> int:
+    """How many plans (chains of cuts, replicas per stage) the search has, or ``limit + 1``
+    once there are more than ``limit``.
+
+    Example:
+        >>> from pipetrain.plan.costs import LevelContext
+        >>> from pipetrain.plan.costs_pipedream import PipeDreamCostModel
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=1.0)
+        ...                for k in range(3))
+        >>> s = FlatSearch(CutGraph(Profile(layers=layers)), model=PipeDreamCostModel(),
+        ...                level=LevelContext(bandwidth=1e9), num_workers=2)
+        >>> count_plans(s, fewer_workers=False, limit=100)  # 1 stage x 2, or 2 stages of 1
+        3
+    """
+    ways = _ways(search, limit)
+    counts = range(1, search.num_workers + 1) if fewer_workers else (search.num_workers,)
+    return min(limit + 1, sum(ways[0][m] for m in counts))
+
+
+def _ways(search: FlatSearch, limit: int) -> list[list[int]]:
+    """``ways[cut][m]``: the plans of the rest of the model from the cut on exactly ``m``
+    workers, counted up to ``limit + 1``."""
+    g, workers = search.graph, search.num_workers
+    top = 1 if search.straight else workers
+    ways = [[0] * (workers + 1) for _ in range(g.num_cuts)]
+    ways[g.full][0] = 1
+    # within[b][m]: plans from cut b on m - top .. m - 1 workers (what a stage starting
+    # before b, on 1..top of the m workers, leaves them)
+    within = [[0] * (workers + 1) for _ in range(g.num_cuts)]
+
+    def settle(b: int) -> None:
+        rest, total, sums = ways[b], 0, within[b]
+        for m in range(1, workers + 1):
+            total += rest[m - 1] - (rest[m - 1 - top] if m - 1 - top >= 0 else 0)
+            sums[m] = total
+
+    settle(g.full)
+    for a in range(g.full - 1, -1, -1):
+        here = ways[a]
+        for b in g.supersets(a):
+            sums = within[b]
+            for m in range(1, workers + 1):
+                here[m] += sums[m]
+        for m in range(1, workers + 1):
+            here[m] = min(limit + 1, here[m])
+        settle(a)
+    return ways
+
+
+def _every_plan(search: FlatSearch, fewer_workers: bool) -> list[Stages]:
+    """Every plan of the search that can run (no stage at the unrunnable time) and fits
+    its memory limit."""
+    g, workers, model = search.graph, search.num_workers, search.model
+    top = 1 if search.straight else workers
+    limit = search.memory_limit
+    ways = _ways(search, EXHAUSTIVE_PLANS)
+    out: list[Stages] = []
+
+    def extend(a: int, left: int, stages: Stages) -> None:
+        if a == g.full:
+            out.append(list(stages))
+            return
+        for b in g.supersets(a):
+            fitting = [r for r in range(1, min(left, top) + 1) if ways[b][left - r]]
+            if not fitting:
+                continue
+            load = search.load(a, b)
+            for r in fitting:
+                if model.stage_time(load, replicas=r, level=search.level) >= UNRUNNABLE_TIME:
+                    continue
+                if limit is not None and model.stage_memory(
+                        load, replicas=r, workers_from_stage=left) > limit:
+                    continue
+                stages.append((a, b, r))
+                extend(b, left - r, stages)
+                stages.pop()
+
+    if fewer_workers:
+        for m in range(1, workers + 1):
+            extend(0, m, [])
+    else:
+        extend(0, workers, [])
+    return out
+
+
+def _kinds(config: PlannerConfig) -> list[tuple[int, tuple[str, ...]]]:
+    """``(group, schedules)`` per search of one (N, checkpoint); group 0: any replicas."""
+    workers = config.topology.num_workers
+    schedules = config.schedules or PLANNED_SCHEDULES
+    free = tuple(s for s in schedules if s in REPLICATED_SCHEDULES or config.straight)
+    uniform = tuple(s for s in schedules if s not in free)
+    sizes = [d for d in range(1, workers + 1) if config.fewer_workers or workers % d == 0]
+
+    def split(names: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """Schedules that share a search: the same stage times (the same backward) and,
+        under a memory limit, the same memory (the same schedule)."""
+        if config.memory_limit is not None:
+            return [(name,) for name in names]
+        halves = tuple(n for n in names if splits_backward(n))
+        whole = tuple(n for n in names if not splits_backward(n))
+        return [group for group in (whole, halves) if group]
+
+    return [(0, group) for group in split(free)] + [
+        (d, group) for group in split(uniform) for d in sizes]
+
+
+def searches(profile: Profile, config: PlannerConfig) -> list[Search]:
+    """Every search to run (see the module docstring)."""
+    workers = config.topology.num_workers
+    level = LevelContext(bandwidth=config.topology.levels[0].bandwidth)
+    modes = config.checkpoints or (("never",) if config.memory_limit is None else CHECKPOINT_MODES)
+    found = []
+    for n in config.num_microbatches or microbatch_counts(profile):
+        graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)
+        for checkpoint in modes:
+            for size, schedules in _kinds(config):
+                model: CostModel = PipetrainCostModel(
+                    Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint),
+                    num_workers=workers,
+                )
+                units = workers
+                if size:
+                    model, units = ReplicaGroups(model, size), workers // size  # type: ignore[arg-type]
+                    if units > graph.num_nodes and not config.fewer_workers:
+                        continue
+                search = FlatSearch(graph, model=model, level=level, num_workers=units,
+                                    straight=config.straight or size > 0,
+                                    memory_limit=config.memory_limit)
+                found.append(Search(search, schedules, max(1, size)))
+    return found

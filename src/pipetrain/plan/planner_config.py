@@ -1,0 +1,126 @@
+"""``PlannerConfig``: what the planner plans for (cluster, cost model, limits, choices).
+
+Example:
+    >>> from pipetrain.plan.topology import Topology
+    >>> config = PlannerConfig(topology=Topology.flat(4, 1e9), schedules=("PipeDream-Flush",))
+    >>> config.cost_model, config.schedules
+    ('pipetrain', ('1f1b',))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
+from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES
+from pipetrain.plan.graph import DEFAULT_MAX_CUTS
+from pipetrain.plan.topology import Topology
+from pipetrain.schedule import TRAINING_SCHEDULES, build_schedule, canonical_name
+
+__all__ = ["PLANNED_SCHEDULES", "PlannerConfig"]
+
+
+
+def _one_stage_per_rank(name: str) -> bool:
+    """Whether the schedule runs with one stage per rank (a plan gives each worker one)."""
+    try:
+        build_schedule(name, num_ranks=2, num_microbatches=4, communication=False)
+    except ValueError:
+        return False
+    return True
+
+
+PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES if _one_stage_per_rank(s))
+"""The schedules the ``pipetrain`` cost model chooses from: every training schedule the
+registry knows that runs one stage per rank (not the interleaved ones: a plan gives each
+worker one stage)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerConfig:
+    """What to plan for.
+
+    ``schedules``, ``num_microbatches`` and ``checkpoints`` narrow the choices of the
+    ``pipetrain`` cost model (None: all of them); ``num_microbatches`` counts the
+    micro-batches of a step, all replicas together (a plan file records them per replica
+    of its first stage, as :class:`~pipetrain.api.config.PipelineConfig` does).
+
+    Example:
+        >>> from pipetrain.plan.topology import Topology
+        >>> PlannerConfig(topology=Topology.flat(8, 1e9), straight=True).cost_model
+        'pipetrain'
+    """
+
+    topology: Topology
+    cost_model: str = DEFAULT_COST_MODEL
+    memory_limit: float | None = None
+    """Bytes per worker (None: no limit); one-level topologies only for now."""
+    straight: bool = False
+    """No replication: one worker per stage, as many stages as workers."""
+    fewer_workers: bool = False
+    """Leave workers idle when that is faster (PipeDream's ``--use_fewer_machines``)."""
+    max_cuts: int = DEFAULT_MAX_CUTS
+    schedules: tuple[str, ...] | None = None
+    """The schedules to choose from (None: :data:`PLANNED_SCHEDULES`)."""
+    num_microbatches: tuple[int, ...] | None = None
+    """Micro-batches per step to choose from (None: the divisors of the profile's batch
+    size, up to 64)."""
+    checkpoints: tuple[str, ...] | None = None
+    """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
+    ``except_last`` and ``always``)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.memory_limit is not None and not (
+            isinstance(self.memory_limit, (int, float)) and self.memory_limit > 0
+        ):
+            problems.append(
+                f"memory_limit={self.memory_limit!r} must be a number of bytes > 0 "
+                f"(e.g. 16e9), or None for no limit"
+            )
+        elif self.memory_limit is not None and self.topology.num_levels > 1:
+            problems.append(
+                f"a memory limit works with a one-level topology only for now, and the "
+                f"topology has {self.topology.num_levels} levels; plan for the flat cluster "
+                f"(--workers {self.topology.num_workers} --bandwidth "
+                f"{self.topology.levels[-1].bandwidth:g}) or drop --memory"
+            )
+        problems += self._choice_problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _choice_problems(self) -> list[str]:
+        problems = []
+        given = [name for name in ("schedules", "num_microbatches", "checkpoints")
+                 if getattr(self, name) is not None]
+        if given and self.cost_model != "pipetrain":
+            problems.append(
+                f"{', '.join(given)} are choices of the pipetrain cost model, not of "
+                f"{self.cost_model!r}; fix: cost_model='pipetrain' (--cost-model pipetrain)"
+            )
+        if self.schedules is not None:
+            names = []
+            for name in self.schedules:
+                try:
+                    key = canonical_name(name)
+                except ValueError:
+                    key = ""
+                if key not in PLANNED_SCHEDULES:
+                    problems.append(
+                        f"schedule {name!r} cannot be planned; choose from "
+                        f"{', '.join(PLANNED_SCHEDULES)} (a plan runs one stage per worker)"
+                    )
+                names.append(key)
+            if not self.schedules:
+                problems.append(f"schedules=() is empty; give some of {', '.join(PLANNED_SCHEDULES)}")
+            object.__setattr__(self, "schedules", tuple(names))
+        counts = self.num_microbatches
+        if counts is not None and (not counts or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts)):
+            problems.append(f"num_microbatches={counts!r} must be whole numbers >= 1, e.g. (8,)")
+        modes = self.checkpoints
+        if modes is not None and (not modes or any(m not in CHECKPOINT_MODES for m in modes)):
+            problems.append(
+                f"checkpoints={modes!r} must be some of {', '.join(CHECKPOINT_MODES)}"
+            )
+        return problems

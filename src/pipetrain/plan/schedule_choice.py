@@ -1,0 +1,280 @@
+"""The ``pipetrain`` cost model's planner: stages, replicas, schedule, micro-batches and
+checkpoint mode, by the predicted step of pipetrain's own runtime.
+
+For every micro-batch count ``N``, checkpoint mode and kind of layout (the searches of
+:mod:`pipetrain.plan.candidates`), :func:`plan_pipetrain`
+
+1. scales the profile to one micro-batch (:mod:`pipetrain.plan.microbatch_profile`);
+2. finds, **exactly**, for every number of stages ``K``, the cuts and replica counts that
+   minimize the slowest stage's time per step under
+   :class:`~pipetrain.plan.costs_pipetrain.PipetrainCostModel`, with every worker's
+   memory within the limit (:mod:`pipetrain.plan.depths`; above
+   :data:`~pipetrain.plan.candidates.DEPTH_BUDGET`, only the best ``K``, by the threshold
+   search of :mod:`pipetrain.plan.flat`);
+3. simulates each of those plans' step under each schedule of the search that can run it
+   (:mod:`pipetrain.plan.simulated_step`): fill and drain, messages, the all-reduce of
+   replicated stages, the optimizer step, and the busiest link's time if longer (the
+   predicted step); in the order of a lower bound of the step (each
+   rank's work, one action after the other), stopping at the first bound above the best
+   step found (a plan it skips cannot be faster);
+
+and keeps the fastest simulated step (then the least memory, then ``1f1b``, ``zb-h1``,
+``gpipe`` in that order, then fewer micro-batches).
+
+What is exact and what is not: step 2 is exact for its objective (the slowest stage's
+busy time per step), per candidate and depth; the choice among them is by simulation. A
+plan whose slowest stage is slower than the best of its depth but whose step simulates
+faster (a smaller fill and drain) is not looked for, and where several plans of a depth
+share the best slowest stage the program keeps one of them. Without a memory limit,
+re-materializing only adds time, so ``never`` is the only mode tried (an exact pruning:
+the simulated step can only grow with the costs).
+
+Example:
+    >>> from pipetrain.plan.planner_config import PlannerConfig
+    >>> from pipetrain.plan.profile import LayerProfile, Profile
+    >>> from pipetrain.plan.topology import Topology
+    >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0,
+    ...                             parameter_bytes=4000) for k in range(4))
+    >>> plan = plan_pipetrain(Profile(layers=layers, batch_size=4),
+    ...                       PlannerConfig(topology=Topology.flat(2, 1e9), straight=True))
+    >>> [s.nodes for s in plan.stages], plan.schedule, plan.num_microbatches, plan.time_per_step
+    ([(0, 1), (2, 3)], 'zb-h1', 4, 6.5)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipetrain.plan.candidates import DEPTH_BUDGET, EXHAUSTIVE_PLANS, Search, searches
+from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+from pipetrain.plan.flat import (
+    memory_advice,
+    smallest_memory,
+    straight_advice,
+    straight_stages_needed,
+)
+from pipetrain.plan.graph import CutGraph
+from pipetrain.plan.microbatch_profile import microbatch_profile
+from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
+from pipetrain.plan.planner_config import PlannerConfig
+from pipetrain.plan.profile import Profile
+from pipetrain.plan.search import FlatSearch, Stages
+from pipetrain.plan.simulated_step import predicted_step, step_lower_bound
+
+__all__ = ["plan_for_layout", "plan_pipetrain"]
+
+logger = logging.getLogger(__name__)
+
+_PREFERENCE = ("1f1b", "zb-h1", "gpipe")
+"""Between plans as fast and as small: the runtime's default first."""
+
+
+@dataclass(frozen=True)
+class _Scored:
+    candidate: Candidate
+    search: FlatSearch
+    stages: Stages
+    step: float
+    memory: float
+
+    @property
+    def key(self) -> tuple[float, float, int, int]:
+        """Fastest, then least memory, then the preferred schedule, then fewer
+        micro-batches."""
+        c = self.candidate
+        rank = _PREFERENCE.index(c.schedule) if c.schedule in _PREFERENCE else len(_PREFERENCE)
+        return self.step, self.memory, rank, c.num_microbatches
+
+
+@dataclass(frozen=True)
+class _Option:
+    """A plan under one schedule, not simulated yet: its lower bound and memory."""
+
+    bound: float
+    memory: float
+    candidate: Candidate
+    search: FlatSearch
+    stages: Stages
+
+
+def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
+            ) -> _Option | None:
+    """The plan under ``schedule``; None when the schedule cannot run it or it does not
+    fit the memory limit."""
+    search, base = entry.search, entry.candidate
+    candidate = Candidate(schedule=schedule, num_microbatches=base.num_microbatches,
+                          checkpoint=base.checkpoint)
+    model = PipetrainCostModel(candidate, num_workers=config.topology.num_workers)
+    replicas = [r for _, _, r in stages]
+    loads = [search.load(a, b) for a, b, _ in stages]
+    if not all(model.runs(load, r) for load, r in zip(loads, replicas)):
+        return None
+    after, memory = sum(replicas), 0.0
+    for load, r in zip(loads, replicas):
+        memory = max(memory, model.stage_memory(load, replicas=r, workers_from_stage=after))
+        after -= r
+    if config.memory_limit is not None and memory > config.memory_limit:
+        return None
+    try:
+        bound = step_lower_bound(loads, replicas, candidate, bandwidth=search.level.bandwidth)
+    except ValueError as error:
+        logger.debug("%s cannot run %s: %s", schedule, replicas, error)
+        return None
+    return _Option(bound, memory, candidate, search, stages)
+
+
+def _simulated(option: _Option) -> _Scored:
+    search = option.search
+    loads = [search.load(a, b) for a, b, _ in option.stages]
+    step = predicted_step(loads, [r for _, _, r in option.stages], option.candidate,
+                          bandwidth=search.level.bandwidth)
+    return _Scored(option.candidate, search, option.stages, step, option.memory)
+
+
+def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
+                   exhaustive: int = EXHAUSTIVE_PLANS, depth_budget: int = DEPTH_BUDGET) -> Plan:
+    """The plan with the fastest simulated step (see the module docstring); a search with
+    at most ``exhaustive`` plans simulates them all, else the best of each depth when that
+    program costs at most ``depth_budget``, else the best of any depth.
+
+    Raises:
+        ValueError: a topology of several levels, or no plan within the memory limit (the
+            message gives the smallest limit that fits, or the workers a straight pipeline
+            needs), or none that the runtime can run at the micro-batch counts tried.
+    """
+    if config.topology.num_levels > 1:
+        raise ValueError(
+            f"the pipetrain cost model plans one-level topologies, and this one has "
+            f"{config.topology.num_levels} levels; fix: --cost-model pipedream (PipeDream's "
+            f"hierarchical planner), or plan the flat cluster (--workers "
+            f"{config.topology.num_workers} --bandwidth {config.topology.levels[-1].bandwidth:g})"
+        )
+    found = searches(profile, config)
+    options = [
+        option
+        for entry in found
+        for stages in entry.plans(fewer_workers=config.fewer_workers, exhaustive=exhaustive,
+                                  depth_budget=depth_budget)
+        for schedule in entry.schedules
+        if (option := _option(entry, stages, schedule, config)) is not None
+    ]
+    options.sort(key=lambda option: option.bound)
+    best: _Scored | None = None
+    simulated = 0
+    for option in options:  # in the order of their lower bounds, until none can win
+        if best is not None and option.bound > best.step:
+            break
+        scored = _simulated(option)
+        simulated += 1
+        if best is None or scored.key < best.key:
+            best = scored
+    logger.debug("%d plans listed, %d simulated", len(options), simulated)
+    if best is None:
+        raise ValueError(_advice(found, config))
+    return _plan(profile, best, config)
+
+
+def plan_for_layout(profile: Profile, balance: Sequence[int], replicas: Sequence[int],
+                    config: PlannerConfig) -> Plan:
+    """The plan of a given cut of a layer sequence (``balance[j]`` layers on
+    ``replicas[j]`` workers, stage by stage): its schedule, micro-batches and checkpoint
+    mode chosen as :func:`plan_pipetrain` chooses them, and its predicted step.
+
+    Example:
+        >>> from pipetrain.plan.planner_config import PlannerConfig
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.topology import Topology
+        >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0)
+        ...                for k in range(4))
+        >>> plan = plan_for_layout(Profile(layers=layers, batch_size=4), [3, 1], [1, 1],
+        ...                        PlannerConfig(topology=Topology.flat(2, 1e9)))
+        >>> plan.schedule, plan.num_microbatches, plan.time_per_step  # 2 x 4.5 on stage 0
+        ('1f1b', 2, 9.0)
+
+    Raises:
+        ValueError: a graph profile, a layout that does not cover the layers or uses more
+            workers than the config has, or no choice that runs it within the memory.
+    """
+    if not profile.is_sequence or sum(balance) != profile.num_layers \
+            or len(balance) != len(replicas) or sum(replicas) > config.topology.num_workers:
+        raise ValueError(
+            f"balance {list(balance)} with replicas {list(replicas)} is not a layout of "
+            f"this profile's {profile.num_layers} layers on {config.topology.num_workers} "
+            f"workers; fix: layers per stage adding up to {profile.num_layers}, one "
+            "replica count per stage (a layer sequence's profile)"
+        )
+    cuts = [0]
+    for count in balance:
+        cuts.append(cuts[-1] + count)
+    stages = [(a, b, r) for a, b, r in zip(cuts, cuts[1:], replicas)]
+    options = [option for entry in searches(profile, config) for schedule in entry.schedules
+               if (option := _option(entry, stages, schedule, config)) is not None]
+    if not options:
+        raise ValueError(f"no schedule, micro-batch count and checkpoint mode runs balance "
+                         f"{list(balance)} with replicas {list(replicas)} within the memory")
+    best = min((_simulated(option) for option in options), key=lambda scored: scored.key)
+    return _plan(profile, best, config)
+
+
+def _advice(found: list[Search], config: PlannerConfig) -> str:
+    """Why no candidate has a plan: the smallest memory limit, the stages a straight
+    pipeline needs, or micro-batches too few for the workers."""
+    limit, workers = config.memory_limit, config.topology.num_workers
+    counts = sorted({entry.candidate.num_microbatches for entry in found})
+    if limit is None or not found:
+        return (f"no plan on {workers} workers runs with {counts or 'the'} micro-batches "
+                "per step (a stage cannot have more replicas than micro-batches); fix: a "
+                "larger batch in the profile, more --microbatches, or --fewer-workers")
+    if config.straight:  # more stages may fit where these workers cannot
+        needed = [straight_stages_needed(FlatSearch(
+            e.search.graph, model=e.search.model, level=e.search.level,
+            num_workers=e.search.graph.num_nodes, straight=True, memory_limit=limit))
+            for e in found if e.group == 1]
+        fitting = [n for n in needed if n is not None]
+        if fitting and min(fitting) > workers:
+            return straight_advice(limit, workers, min(fitting))
+    smallest = [smallest_memory(e.search, fewer_workers=config.fewer_workers) for e in found]
+    values = [m for m in smallest if m is not None]
+    if not values:
+        return f"no plan on {workers} workers runs at all; fix: --fewer-workers"
+    return memory_advice(limit, workers, min(values))
+
+
+def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
+    search, candidate = best.search, best.candidate
+    workers, bandwidth = config.topology.num_workers, search.level.bandwidth
+    model = PipetrainCostModel(candidate, num_workers=workers)
+    after = sum(r for _, _, r in best.stages)
+    stages = []
+    for a, b, r in best.stages:
+        load = search.load(a, b)
+        stages.append(PlanStage(
+            nodes=search.graph.node_ids(a, b),
+            replicas=r,
+            time=model.stage_time(load, replicas=r, level=search.level),
+            memory_per_worker=model.stage_memory(load, replicas=r, workers_from_stage=after),
+        ))
+        after -= r
+    whole = CutGraph(profile, max_cuts=config.max_cuts)
+    one = predicted_step([whole.load(0, whole.full)], [1], Candidate(), bandwidth=bandwidth)
+    shares = CutGraph(microbatch_profile(profile, workers), max_cuts=config.max_cuts)
+    data_parallel = predicted_step([shares.load(0, shares.full)], [workers],
+                                   Candidate(num_microbatches=workers), bandwidth=bandwidth)
+    return Plan(
+        stages=tuple(stages),
+        cost_model=model.name,
+        time_per_step=best.step,
+        num_workers=workers,
+        topology=config.topology.to_dict(),
+        straight=config.straight,
+        fewer_workers=config.fewer_workers,
+        memory_limit=config.memory_limit,
+        single_worker_time=one,
+        data_parallel_time=data_parallel,
+        profile=profile_identity(profile),
+        schedule=candidate.schedule,
+        num_microbatches=candidate.num_microbatches // best.stages[0][2],
+        checkpoint=candidate.checkpoint,
+    )
