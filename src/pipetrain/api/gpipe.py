@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import numbers
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -22,6 +22,7 @@ from pipetrain.api.random_streams import SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
+from pipetrain.frontend.pipelines import gpipe_units, partition_units, wants_capture
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
@@ -155,6 +156,12 @@ class GPipe(nn.Module):
             :mod:`pipetrain.runtime.shared_recompute`). ``0`` keeps torchgpipe's peak
             activation memory exactly; idle workers then help only when a partition
             holds no graph at all.
+        example_inputs, example_kwargs, split_points: any ``nn.Module`` (a Hugging Face
+            model unmodified) instead of an ``nn.Sequential``: captured on the example
+            inputs and cut where ``split_points`` (module names, e.g.
+            ``["transformer.h.6"]``) begin, else by ``balance`` (units per partition)
+            or by the planner (one partition per device); see
+            :mod:`pipetrain.frontend` and ``docs/frontend.md``.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
@@ -185,9 +192,20 @@ class GPipe(nn.Module):
         timeout: float = 300.0,
         fuse_weight_gradients: bool = True,
         recompute_ahead: int = 1,
+        example_inputs: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
+        split_points: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(module, nn.Sequential) or len(module) > 0:
+        captured = wants_capture(module, example_inputs, example_kwargs)  # any nn.Module
+        if captured:
+            module, balance, shared = gpipe_units(module, example_inputs=example_inputs,
+                                                  example_kwargs=example_kwargs,
+                                                  split_points=split_points, balance=balance,
+                                                  devices=devices)
+            # tied weights shared by partitions: autograd accumulates their gradients
+            fuse_weight_gradients = fuse_weight_gradients and not shared
+        elif not isinstance(module, nn.Sequential) or len(module) > 0:
             verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
         verify_skippables(module)
         if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
@@ -216,7 +234,8 @@ class GPipe(nn.Module):
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
         self.timeout = timeout
-        partitions = split_module(module, balance_list) if len(module) > 0 else []
+        split = partition_units if captured else split_module  # units may share tied weights
+        partitions = split(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
             partition.to(device)
         self.partitions = nn.ModuleList(partitions)
