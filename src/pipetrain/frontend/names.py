@@ -49,10 +49,11 @@ def stage_container(units: Mapping[int, nn.Module], *, persistent: Collection[st
     return root
 
 
-def gather_state_dict(local: Mapping[str, torch.Tensor], *, order: Sequence[str],
+def gather_state_dict(local: Mapping[str, torch.Tensor], *, order: Sequence[str] | None,
                       dst: int = 0) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on rank ``dst`` (``None`` elsewhere), keys in
-    ``order`` (the model's), from every rank's ``local`` part (every rank calls it).
+    ``order`` (the model's; ``None``: as gathered), from every rank's ``local`` part
+    (every rank calls it).
 
     Raises:
         RuntimeError: some key of ``order`` is held by no rank.
@@ -68,6 +69,8 @@ def gather_state_dict(local: Mapping[str, torch.Tensor], *, order: Sequence[str]
     for part in parts:
         for key, value in part.items():
             merged.setdefault(key, value)
+    if order is None:
+        return merged
     missing = [k for k in order if k not in merged]
     if missing:
         raise RuntimeError(f"no rank holds {missing[:5]} of the model's state dict")

@@ -120,6 +120,13 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
         if split_points is not None:
             bounds = [0, *positions, len(captured.graph.nodes)]
             balance = [sum(1 for s in units if lo <= s < hi) for lo, hi in zip(bounds, bounds[1:])]
+        if weights is not None and not _is_meta(model):
+            raise ValueError(
+                f"weights={os.fspath(weights)!r} is loaded into a model built on the meta "
+                f"device, stage by stage, but {type(model).__name__} already holds its "
+                "tensors; fix: build it under `with torch.device('meta'):`, or load the "
+                "checkpoint into it yourself (model.load_state_dict) and drop weights="
+            )
         reader = SafetensorsWeights(weights, tied_aliases(model)) if weights is not None else None
         return CapturedModel(model, plan_units(captured, units), sample=named,
                              split_balance=balance, weights=reader)
