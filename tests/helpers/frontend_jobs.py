@@ -122,3 +122,48 @@ def fresh_logits(kind: str, state: Params, x: torch.Tensor) -> torch.Tensor:
     model = copy.deepcopy(hf_model(kind, seed=123))
     model.load_state_dict(state, strict=True)
     return model(x, use_cache=False).logits.detach()
+
+
+def save_safetensors(model: nn.Module, path: str) -> None:
+    """Save ``model``'s state as Hugging Face does: a tied weight once (its first name)."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if id(tensor) in seen or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.contiguous()
+    save_file(tensors, path)
+
+
+def meta_job(ctx: Any, kind: str, path: str, steps: int, split: bool) -> dict[str, Any]:
+    """A meta-device model materialized per rank: loaded from ``path`` (then trained
+    ``steps`` steps) and, separately, initialized by the model's own init."""
+    from pipetrain.api.pipeline import Pipeline
+
+    batches = lm_batches(steps)
+    config = PipelineConfig(schedule="1f1b", num_stages=ctx.world_size, num_microbatches=3)
+    splits = SPLITS[kind][config.num_stages] if split else None
+    model = hf_model(kind, meta=True)
+    pipe = Pipeline(model, example_inputs=(batches[0][0],), split_points=splits, weights=path,
+                    loss_fn=lm_loss, optimizer=sgd, config=config, context=ctx)
+    assert pipe.captured is not None
+    real = sorted(n for n, t in [*model.named_parameters(remove_duplicate=False),
+                                 *model.named_buffers(remove_duplicate=False)] if not t.is_meta)
+    read = sorted(set(pipe.captured.materializer.weights.read))  # type: ignore[union-attr]
+    losses = [pipe.train_step(x, y) for x, y in batches]
+    state = {k: v.clone() for k, v in pipe.state_dict().items()}
+    pipe.close()
+    init_model = hf_model(kind, meta=True)
+    fresh = Pipeline(init_model, example_inputs=(batches[0][0],), split_points=splits,
+                     loss_fn=lm_loss, optimizer=sgd, config=config, context=ctx)
+    init_state = {k: v.clone() for k, v in fresh.state_dict().items()}
+    first_loss = fresh.train_step(*batches[0])
+    fresh.close()
+    return {"real": real, "read": read, "losses": losses, "state": state,
+            "init_state": init_state, "init_loss": first_loss,
+            "unit_names": [sorted(set(names)) for names in pipe.captured.plan.attributes],
+            "local": [u for j in pipe.local_stages for u in pipe.layout.layer_ranges[j]],
+            "balance": list(pipe.config.balance or [])}
