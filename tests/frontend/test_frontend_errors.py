@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from pipetrain import GPipe
-from pipetrain.frontend import CaptureError, CapturedModel
+from pipetrain.frontend import CapturedModel, CaptureError
 
 
 class Block(nn.Module):

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -92,7 +92,7 @@ class Pipeline:
 
     def __init__(
         self,
-        layers: LayerSource,
+        layers: LayerSource | nn.Module,
         *,
         loss_fn: LossFn,
         optimizer: OptimizerFactory,
@@ -134,6 +134,8 @@ class Pipeline:
                 balance=config.balance, device=self.device)
             config, layers = dataclasses.replace(config, balance=balance), self.captured
             ties = [*ties, *self.captured.ties]
+        else:
+            layers = cast(LayerSource, layers)
         self.config = config
         self.rank = dist.get_rank()
         self.loss_fn = loss_fn

@@ -99,8 +99,8 @@ def capture(model: nn.Module, named: dict[str, Any]) -> CapturedGraph:
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
         >>> captured = capture(model, {"input": torch.randn(3, 4)})
-        >>> [n.op for n in captured.graph.nodes if n.op != "call_function"]
-        ['placeholder', 'get_attr', 'get_attr', 'output']
+        >>> sorted(str(n.target) for n in captured.graph.nodes if n.op == "get_attr")
+        ['0.bias', '0.weight']
     """
     program, dynamic = _program(model, named)
     binding = InputBinding.of(model, named)

@@ -14,6 +14,7 @@ random streams, which are keyed by unit).
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Sequence
 
 from torch import fx, nn
@@ -124,7 +125,7 @@ def split_positions(model: nn.Module, split_points: Sequence[str], starts: dict[
                 f"{positions} of the graph; fix: list them in the order the model runs "
                 f"them: {[name for _, name in ordered]}"
             )
-        for (a, first), (b, second) in zip(ordered, ordered[1:]):
+        for (a, first), (b, second) in itertools.pairwise(ordered):
             if a == b:
                 problems.append(f"split points {first!r} and {second!r} begin at the same "
                                 "operation, leaving an empty stage; fix: keep one of them")

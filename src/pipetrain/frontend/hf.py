@@ -72,7 +72,7 @@ def module_initializer(model: nn.Module) -> Callable[[nn.Module], bool] | None:
     The returned function returns whether it initialized the module.
     """
     if is_hf_model(model):
-        init_weights = getattr(model, "_init_weights")
+        init_weights: Callable[[nn.Module], Any] = getattr(model, "_init_weights")  # noqa: B009
 
         def hf_init(module: nn.Module) -> bool:
             init_weights(module)

@@ -22,7 +22,7 @@ from torch import nn
 
 from pipetrain.frontend.hf import module_initializer
 
-__all__ = ["SafetensorsWeights", "Materializer"]
+__all__ = ["Materializer", "SafetensorsWeights"]
 
 
 class SafetensorsWeights:
@@ -63,7 +63,7 @@ class SafetensorsWeights:
         self._open = safe_open
         if not files:
             with safe_open(path, framework="pt") as handle:
-                files = {k: path for k in handle.keys()}  # noqa: SIM118 (not a dict)
+                files = {k: path for k in handle.keys()}
         self.files = files
         self.aliases = {k: tuple(v) for k, v in (aliases or {}).items()}
         self.read: list[str] = []
@@ -166,8 +166,10 @@ class Materializer:
             self._ancestors.add(ancestor)
             if self.init is not None:
                 self.init(module)
-            elif callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()
+            else:
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
 
     def _load(self, path: str, module: nn.Module) -> None:
         if self.weights is None:

@@ -54,7 +54,7 @@ def _planned(captured: CapturedModel, num_stages: int, device: torch.device) -> 
     return balance_by_profile(units, captured.sample, num_stages, device=device)
 
 
-def pipeline_units(model: nn.Module, *, example_inputs: Any, example_kwargs: Mapping[str, Any] | None,
+def pipeline_units(model: Any, *, example_inputs: Any, example_kwargs: Mapping[str, Any] | None,
                    split_points: Sequence[str] | None, weights: str | os.PathLike[str] | None,
                    num_stages: int, balance: Sequence[int] | None,
                    device: torch.device) -> tuple[CapturedModel, list[int]]:

@@ -31,7 +31,7 @@ def balance_by_bytes(unit_bytes: Sequence[int], num_stages: int) -> list[int]:
     """Units per stage, the largest stage's parameter bytes as small as can be.
 
     Example:
-        >>> balance_by_bytes([4, 1, 1, 1, 1], 2)
+        >>> balance_by_bytes([8, 1, 1, 1, 1], 2)
         [1, 4]
     """
     return solve([float(b) + 1.0 for b in unit_bytes], num_stages)

@@ -13,6 +13,7 @@ units, e.g. GPT-2's token embedding and output head) as ties and
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
@@ -119,7 +120,7 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
         balance = None
         if split_points is not None:
             bounds = [0, *positions, len(captured.graph.nodes)]
-            balance = [sum(1 for s in units if lo <= s < hi) for lo, hi in zip(bounds, bounds[1:])]
+            balance = [sum(1 for s in units if lo <= s < hi) for lo, hi in itertools.pairwise(bounds)]
         if weights is not None and not _is_meta(model):
             raise ValueError(
                 f"weights={os.fspath(weights)!r} is loaded into a model built on the meta "
