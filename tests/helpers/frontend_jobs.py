@@ -167,3 +167,24 @@ def meta_job(ctx: Any, kind: str, path: str, steps: int, split: bool) -> dict[st
             "unit_names": [sorted(set(names)) for names in pipe.captured.plan.attributes],
             "local": [u for j in pipe.local_stages for u in pipe.layout.layer_ranges[j]],
             "balance": list(pipe.config.balance or [])}
+
+
+def resume_job(ctx: Any, kind: str, path: str, steps: range, save: bool) -> dict[str, Any]:
+    """Train ``steps`` of :func:`lm_batches` with ``ctx.world_size`` stages, loading the
+    checkpoint at ``path`` first unless ``save`` (then saving it at the end)."""
+    from pipetrain.api.pipeline import Pipeline
+
+    batches = lm_batches(steps.stop)
+    config = PipelineConfig(schedule="1f1b", num_stages=ctx.world_size, num_microbatches=2)
+    pipe = Pipeline(hf_model(kind, seed=99 if not save else 0), example_inputs=(batches[0][0],),
+                    split_points=SPLITS[kind].get(ctx.world_size, []), loss_fn=lm_loss,
+                    optimizer=sgd, config=config, context=ctx)
+    if not save:
+        pipe.load(path)
+    losses = [pipe.train_step(*batches[step]) for step in steps]
+    if save:
+        pipe.save(path)
+    result = {"losses": losses, "state": {k: v.clone() for k, v in pipe.state_dict().items()},
+              "step": pipe.step}
+    pipe.close()
+    return result
