@@ -182,7 +182,7 @@ class GPipe(nn.Module):
 
     def __init__(
         self,
-        module: nn.Sequential,
+        module: nn.Sequential | nn.Module,
         balance: Iterable[int] | None = None,
         *,
         devices: Iterable[Device] | None = None,
@@ -207,6 +207,7 @@ class GPipe(nn.Module):
             fuse_weight_gradients = fuse_weight_gradients and not shared
         elif not isinstance(module, nn.Sequential) or len(module) > 0:
             verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
+        module = cast(nn.Sequential, module)
         verify_skippables(module)
         if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
                 or recompute_ahead < 0:

@@ -21,7 +21,7 @@ from torch import nn
 
 from pipetrain.nested import describe_value
 
-__all__ = ["InputBinding", "Path", "bind_inputs", "leaves_with_paths"]
+__all__ = ["InputBinding", "Path", "bind_inputs", "dynamic_dims", "leaves_with_paths"]
 
 Path = tuple[str | int, ...]
 """Where a leaf sits in the bound inputs: the parameter name, then keys / indices."""
@@ -179,5 +179,3 @@ def dynamic_dims(named: Mapping[str, Any]) -> dict[str, Any]:
 
     return {name: spec(value) for name, value in named.items()}
 
-
-__all__ += ["dynamic_dims"]

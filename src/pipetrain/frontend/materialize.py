@@ -198,5 +198,3 @@ def tied_aliases(model: nn.Module) -> dict[str, tuple[str, ...]]:
             for group in groups.values() for name in group}
 
 
-__all__ += ["tied_aliases"]
-
