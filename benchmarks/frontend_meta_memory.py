@@ -65,7 +65,7 @@ def _write_checkpoint(args: argparse.Namespace, folder: str) -> None:
         groups.setdefault(key, {})[name] = tensor
     weight_map = {}
     generator = torch.Generator().manual_seed(0)
-    for index, (key, tensors) in enumerate(groups.items()):
+    for index, tensors in enumerate(groups.values()):
         real = {n: (torch.randn(t.shape, generator=generator) * 0.02 if n.endswith("weight")
                     else torch.zeros(t.shape)).contiguous() for n, t in tensors.items()}
         file = f"model-{index:05d}.safetensors"
