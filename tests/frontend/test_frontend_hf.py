@@ -1,8 +1,8 @@
 """Unmodified Hugging Face models in a multi-process Pipeline equal single-process training.
 
 GPT2LMHeadModel (tied embeddings) and LlamaForCausalLM (tie_word_embeddings=True), from
-tiny configs, for 2 and 4 stages and the gpipe, 1f1b and zb-h1 schedules, cut by split
-points (and once by the planner): the losses and weights after 3 steps (the sequence
+tiny configs, for 2 and 4 stages and the gpipe, 1f1b and zb-h1 schedules (and interleaved 1F1B
+with 2 stages per rank), cut by split points (and once by the planner): the losses and weights after 3 steps (the sequence
 length changes every step) equal plain training of the same model in one process; the
 tied weight is identical on every rank that holds it after every step; rank 0's
 ``full_state_dict()`` has exactly ``model.state_dict()``'s keys and loads into a fresh
@@ -33,6 +33,9 @@ def _configs(num_stages: int) -> list[dict[str, Any]]:
                for kind in ("gpt2", "llama") for schedule in ("gpipe", "1f1b", "zb-h1")]
     configs.append({"kind": "gpt2", "split": False, "schedule": "1f1b", "num_stages": num_stages,
                     "num_microbatches": num_stages})
+    if num_stages == 2:  # 4 model stages, 2 per rank
+        configs.append({"kind": "llama", "split": True, "schedule": "interleaved-1f1b",
+                        "num_stages": 2, "stages_per_rank": 2, "num_microbatches": 4})
     return configs
 
 

@@ -103,3 +103,34 @@ def test_pipeline_of_models_with_crossing_skips_matches_single_process() -> None
         if worst > TOLERANCE or loss_error > TOLERANCE:
             failures.append(f"{config}: |param diff| {worst:.2e}, |loss diff| {loss_error:.2e}")
     assert not failures, "\n".join(failures)
+
+
+def test_a_plan_file_cuts_a_captured_model(tmp_path: object) -> None:
+    """The frontend's units are the planner's layers: profile them, plan, save the plan,
+    and run it (config_from_plan's balance counts units)."""
+    import os
+
+    from pipetrain import config_from_plan
+    from pipetrain.frontend import CapturedModel
+    from pipetrain.plan import PlannerConfig, Topology, make_plan
+    from pipetrain.plan.profiler import profile_model
+
+    reference = vision_model("unet")
+    model = copy.deepcopy(reference)
+    x, y = vision_batches("unet", 1)[0]
+    captured = CapturedModel.create(model, (x,))
+    profile = profile_model([captured.build(u) for u in range(len(captured))], x,
+                            device="cpu", warmup=0, repetitions=1)
+    assert len(profile.layers) == len(captured)
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(3, 1e9), straight=True))
+    path = os.path.join(str(tmp_path), "plan.json")
+    plan.save(path)
+    config = config_from_plan(path, num_layers=len(captured))
+    pipe = GPipe(model, example_inputs=(x,), balance=config.balance, chunks=2)
+    assert pipe.balance == list(config.balance) and len(pipe.partitions) == 3
+    output, expected = pipe(x), reference(x)
+    assert float((output - expected).detach().abs().max()) < TOLERANCE
+    F.mse_loss(output, y).backward()
+    F.mse_loss(expected, y).backward()
+    got, want = _grads(model), _grads(reference)
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) < TOLERANCE

@@ -22,9 +22,12 @@ Params = dict[str, torch.Tensor]
 VOCAB = 256
 NUM_LAYERS = 4
 SPLITS = {
-    "gpt2": {2: ["transformer.h.2"], 4: ["transformer.h.1", "transformer.h.2", "transformer.h.3"]},
-    "llama": {2: ["model.layers.2"], 4: ["model.layers.1", "model.layers.2", "model.layers.3"]},
+    "gpt2": {1: [], 2: ["transformer.h.2"],
+             4: ["transformer.h.1", "transformer.h.2", "transformer.h.3"]},
+    "llama": {1: [], 2: ["model.layers.2"],
+              4: ["model.layers.1", "model.layers.2", "model.layers.3"]},
 }
+"""Split points by the number of model stages."""
 
 
 def hf_model(kind: str, *, seed: int = 0, meta: bool = False, width: int = 32,
@@ -102,7 +105,7 @@ def hf_parity_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[d
         config = PipelineConfig(**fields)
         batches = lm_batches(steps)
         pipe = Pipeline(hf_model(kind), example_inputs=(batches[0][0],),
-                        split_points=SPLITS[kind][config.num_stages] if split else None,
+                        split_points=SPLITS[kind][config.num_model_stages] if split else None,
                         loss_fn=lm_loss, optimizer=sgd, config=config, context=ctx)
         tied: list[list[torch.Tensor]] = []
         losses = []
@@ -177,7 +180,7 @@ def resume_job(ctx: Any, kind: str, path: str, steps: range, save: bool) -> dict
     batches = lm_batches(steps.stop)
     config = PipelineConfig(schedule="1f1b", num_stages=ctx.world_size, num_microbatches=2)
     pipe = Pipeline(hf_model(kind, seed=99 if not save else 0), example_inputs=(batches[0][0],),
-                    split_points=SPLITS[kind].get(ctx.world_size, []), loss_fn=lm_loss,
+                    split_points=SPLITS[kind][ctx.world_size], loss_fn=lm_loss,
                     optimizer=sgd, config=config, context=ctx)
     if not save:
         pipe.load(path)

@@ -79,6 +79,8 @@ def pipeline_units(model: Any, *, example_inputs: Any, example_kwargs: Mapping[s
         return captured, captured.split_balance
     if balance is not None:
         return captured, list(balance)
+    if num_stages == 1:
+        return captured, [len(captured)]
     first = dist.get_rank() == 0 if dist.is_initialized() else True
     return captured, agree(_planned(captured, num_stages, device) if first else None)
 
