@@ -120,8 +120,14 @@ def test_example_inputs_without_a_tensor() -> None:
 
 
 def test_a_module_without_example_inputs() -> None:
+    from pipetrain import Pipeline
+
     with pytest.raises(TypeError, match=r"Net is not an nn.Sequential.*example_inputs=\(batch,\)"):
+        Pipeline(Net(), loss_fn=torch.nn.functional.mse_loss,  # checked before the job
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    with pytest.raises(TypeError, match="nn.Sequential") as error:  # torchgpipe's error
         GPipe(Net(), chunks=2)
+    assert any("example_inputs=(batch,)" in note for note in error.value.__notes__)
 
 
 def test_a_batch_that_does_not_match_the_capture() -> None:

@@ -22,7 +22,12 @@ from pipetrain.api.random_streams import SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
-from pipetrain.frontend.pipelines import gpipe_units, partition_units, wants_capture
+from pipetrain.frontend.pipelines import (
+    CAPTURE_HINT,
+    gpipe_units,
+    partition_units,
+    wants_capture,
+)
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
@@ -197,7 +202,8 @@ class GPipe(nn.Module):
         split_points: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        captured = wants_capture(module, example_inputs, example_kwargs)  # any nn.Module
+        # any nn.Module with example inputs; without, torchgpipe's checks and errors
+        captured = wants_capture(module, example_inputs, example_kwargs, strict=False)
         if captured:
             module, balance, shared = gpipe_units(module, example_inputs=example_inputs,
                                                   example_kwargs=example_kwargs,
@@ -206,7 +212,11 @@ class GPipe(nn.Module):
             # tied weights shared by partitions: autograd accumulates their gradients
             fuse_weight_gradients = fuse_weight_gradients and not shared
         elif not isinstance(module, nn.Sequential) or len(module) > 0:
-            verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
+            try:
+                verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
+            except TypeError as error:
+                error.add_note(CAPTURE_HINT)
+                raise
         module = cast(nn.Sequential, module)
         verify_skippables(module)
         if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \

@@ -106,6 +106,7 @@ class Pipeline:
         weights: str | os.PathLike[str] | None = None,
     ) -> None:
         config = PipelineConfig() if config is None else config
+        capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
         if not dist.is_initialized():
             raise RuntimeError(
                 "Pipeline needs an initialized torch.distributed job; fix: call "
@@ -127,7 +128,7 @@ class Pipeline:
         self.device = context.device if context is not None else torch.device("cpu")
         self.captured: CapturedModel | None = None
         """The captured model (``Pipeline(model, example_inputs=...)``), else ``None``."""
-        if wants_capture(layers, example_inputs, example_kwargs):
+        if capturing:
             self.captured, balance = pipeline_units(
                 layers, example_inputs=example_inputs, example_kwargs=example_kwargs,
                 split_points=split_points, weights=weights, num_stages=config.num_model_stages,

@@ -19,19 +19,31 @@ from torch import nn
 from pipetrain.frontend.planning import agree, balance_by_bytes, balance_by_profile
 from pipetrain.frontend.source import CapturedModel
 
-__all__ = ["gpipe_units", "partition_units", "pipeline_units", "wants_capture"]
+__all__ = [
+    "CAPTURE_HINT",
+    "gpipe_units",
+    "partition_units",
+    "pipeline_units",
+    "wants_capture",
+]
 
 
-def wants_capture(layers: Any, example_inputs: Any, example_kwargs: Any) -> bool:
-    """Whether ``layers`` is a model to capture: example inputs are given, or it is an
-    ``nn.Module`` that is not an ``nn.Sequential`` (which runs as a layer list).
+CAPTURE_HINT = ("pipetrain can also capture any nn.Module into stages: pass "
+                "example_inputs=(batch,) (see docs/frontend.md)")
+"""What an error about a non-sequential module adds (a note)."""
+
+
+def wants_capture(layers: Any, example_inputs: Any, example_kwargs: Any, *,
+                  strict: bool = True) -> bool:
+    """Whether ``layers`` is a model to capture: example inputs are given, or (``strict``)
+    it is an ``nn.Module`` that is not an ``nn.Sequential`` (which runs as a layer list).
 
     Raises:
-        TypeError: a model to capture comes without example inputs.
+        TypeError: with ``strict``, a model to capture comes without example inputs.
     """
     if example_inputs is not None or example_kwargs is not None:
         return True
-    if isinstance(layers, nn.Module) and not isinstance(layers, nn.Sequential):
+    if strict and isinstance(layers, nn.Module) and not isinstance(layers, nn.Sequential):
         raise TypeError(
             f"{type(layers).__name__} is not an nn.Sequential nor a list of layer factories: "
             "pipetrain captures it into a graph, which needs an example of its inputs; fix: "
