@@ -125,7 +125,7 @@ def test_a_module_without_example_inputs() -> None:
     with pytest.raises(TypeError, match=r"Net is not an nn.Sequential.*example_inputs=\(batch,\)"):
         Pipeline(Net(), loss_fn=torch.nn.functional.mse_loss,  # checked before the job
                  optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    with pytest.raises(TypeError, match="nn.Sequential") as error:  # torchgpipe's error
+    with pytest.raises(TypeError, match=r"nn\.Sequential") as error:  # torchgpipe's error
         GPipe(Net(), chunks=2)
     assert any("example_inputs=(batch,)" in note for note in error.value.__notes__)
 
