@@ -6,7 +6,9 @@ with 2 stages per rank), cut by split points (and once by the planner): the loss
 length changes every step) equal plain training of the same model in one process; the
 tied weight is identical on every rank that holds it after every step; rank 0's
 ``full_state_dict()`` has exactly ``model.state_dict()``'s keys and loads into a fresh
-model that then gives the trained model's logits. One gloo job per world size.
+model that then gives the trained model's logits. With GPT-2's default dropout on, 2 and
+4 model stages give the same losses and weights (1e-5) (the masks are keyed by unit, not
+by stage). One gloo job per world size.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def _configs(num_stages: int) -> list[dict[str, Any]]:
                for kind in ("gpt2", "llama") for schedule in ("gpipe", "1f1b", "zb-h1")]
     configs.append({"kind": "gpt2", "split": False, "schedule": "1f1b", "num_stages": num_stages,
                     "num_microbatches": num_stages})
-    if num_stages == 2:  # 4 model stages, 2 per rank
+    if num_stages == 2:  # 4 model stages, 2 per rank; GPT-2's default dropout, cut 2 ways
         configs.append({"kind": "llama", "split": True, "schedule": "interleaved-1f1b",
                         "num_stages": 2, "stages_per_rank": 2, "num_microbatches": 4})
+        configs += [{"kind": "gpt2", "split": True, "dropout": True, "schedule": schedule,
+                     "num_stages": 2, "stages_per_rank": virtual, "num_microbatches": 4}
+                    for schedule, virtual in (("1f1b", 1), ("interleaved-1f1b", 2))]
     return configs
 
 
@@ -46,7 +51,16 @@ def test_hf_models_match_single_process_training(num_stages: int) -> None:
     references = {kind: lm_reference(kind, STEPS) for kind in ("gpt2", "llama")}
     probe = lm_batches(1)[0][0]
     failures = []
+    dropped = [c for c, config in enumerate(configs) if config.get("dropout")]
+    if dropped:  # dropout on: the masks are keyed by unit, so 2 and 4 stages agree
+        first, second = (results[0][c] for c in dropped)
+        assert max(abs(a - b) for a, b in zip(first["losses"], second["losses"])) < TOLERANCE
+        merged = [{k: v for r in results for k, v in r[c]["state"].items()} for c in dropped]
+        assert max(float((merged[0][k] - merged[1][k]).abs().max()) for k in merged[0]) < TOLERANCE
+        assert abs(first["losses"][0] - references["gpt2"][1][0]) > 1e-4  # dropout drew
     for c, config in enumerate(configs):
+        if config.get("dropout"):
+            continue
         ref_state, ref_losses, ref_model = references[config["kind"]]
         merged: dict[str, torch.Tensor] = {}
         for rank_results in results:

@@ -31,16 +31,18 @@ SPLITS = {
 
 
 def hf_model(kind: str, *, seed: int = 0, meta: bool = False, width: int = 32,
-             layers: int = NUM_LAYERS) -> nn.Module:
-    """A tiny GPT2LMHeadModel (tied embeddings; dropout off, so that single-process
-    training is the exact reference) or LlamaForCausalLM (tie_word_embeddings=True)."""
+             layers: int = NUM_LAYERS, dropout: bool = False) -> nn.Module:
+    """A tiny GPT2LMHeadModel (tied embeddings; dropout off unless ``dropout``: its
+    default 0.1 draws masks that plain training cannot reproduce) or LlamaForCausalLM
+    (tie_word_embeddings=True)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     if kind == "gpt2":
         config: Any = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=width, n_layer=layers,
-                                 n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                 bos_token_id=0, eos_token_id=0)
+                                 n_head=4, bos_token_id=0, eos_token_id=0,
+                                 **({} if dropout else {"resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                                        "attn_pdrop": 0.0}))
         build: Any = GPT2LMHeadModel
     else:
         config = LlamaConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width,
@@ -102,9 +104,10 @@ def hf_parity_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[d
     for entry in configs:
         fields = dict(entry)
         kind, split = fields.pop("kind"), fields.pop("split")
+        dropout = bool(fields.pop("dropout", False))
         config = PipelineConfig(**fields)
         batches = lm_batches(steps)
-        pipe = Pipeline(hf_model(kind), example_inputs=(batches[0][0],),
+        pipe = Pipeline(hf_model(kind, dropout=dropout), example_inputs=(batches[0][0],),
                         split_points=SPLITS[kind][config.num_model_stages] if split else None,
                         loss_fn=lm_loss, optimizer=sgd, config=config, context=ctx)
         tied: list[list[torch.Tensor]] = []
