@@ -22,7 +22,7 @@ from helpers.distributed import run_workers
 from helpers.frontend_jobs import fresh_logits, hf_parity_job, lm_batches, lm_reference
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 3
 TOLERANCE = 1e-5

@@ -19,7 +19,7 @@ from helpers.frontend_jobs import hf_model, lm_reference, meta_job, save_safeten
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("kind,split", [("gpt2", True), ("llama", False)])
