@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import numbers
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -22,6 +22,12 @@ from pipetrain.api.random_streams import SessionRng
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
+from pipetrain.frontend.pipelines import (
+    CAPTURE_HINT,
+    gpipe_units,
+    partition_units,
+    wants_capture,
+)
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
@@ -162,6 +168,12 @@ class GPipe(nn.Module):
             With fp16, scale the loss with ``torch.amp.GradScaler`` as for any model
             (one process: its overflow check covers every partition). See
             :mod:`pipetrain.runtime.precision`.
+        example_inputs, example_kwargs, split_points: any ``nn.Module`` (a Hugging Face
+            model unmodified) instead of an ``nn.Sequential``: captured on the example
+            inputs and cut where ``split_points`` (module names, e.g.
+            ``["transformer.h.6"]``) begin, else by ``balance`` (units per partition)
+            or by the planner (one partition per device); see
+            :mod:`pipetrain.frontend` and ``docs/frontend.md``.
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
@@ -182,7 +194,7 @@ class GPipe(nn.Module):
 
     def __init__(
         self,
-        module: nn.Sequential,
+        module: nn.Sequential | nn.Module,
         balance: Iterable[int] | None = None,
         *,
         devices: Iterable[Device] | None = None,
@@ -193,10 +205,27 @@ class GPipe(nn.Module):
         fuse_weight_gradients: bool = True,
         recompute_ahead: int = 1,
         mixed_precision: str | None = None,
+        example_inputs: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
+        split_points: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(module, nn.Sequential) or len(module) > 0:
-            verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
+        # any nn.Module with example inputs; without, torchgpipe's checks and errors
+        captured = wants_capture(module, example_inputs, example_kwargs, strict=False)
+        if captured:
+            module, balance, shared = gpipe_units(module, example_inputs=example_inputs,
+                                                  example_kwargs=example_kwargs,
+                                                  split_points=split_points, balance=balance,
+                                                  devices=devices)
+            # tied weights shared by partitions: autograd accumulates their gradients
+            fuse_weight_gradients = fuse_weight_gradients and not shared
+        elif not isinstance(module, nn.Sequential) or len(module) > 0:
+            try:
+                verify_module(module)  # an empty nn.Sequential is allowed, as in torchgpipe
+            except TypeError as error:
+                error.add_note(CAPTURE_HINT)
+                raise
+        module = cast(nn.Sequential, module)
         verify_skippables(module)
         if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
                 or recompute_ahead < 0:
@@ -227,7 +256,8 @@ class GPipe(nn.Module):
         self.timeout = timeout
         self.mixed_precision = mixed_precision
         self._autocast = autocast
-        partitions = split_module(module, balance_list) if len(module) > 0 else []
+        split = partition_units if captured else split_module  # units may share tied weights
+        partitions = split(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
             partition.to(device)
         self.partitions = nn.ModuleList(partitions)

@@ -11,11 +11,13 @@ checkpoint mode the losses and weights equal single-process training on the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -37,6 +39,9 @@ from pipetrain.api.pipeline_stages import (
 from pipetrain.api.step_batches import StepSplitter
 from pipetrain.api.step_schedules import StepSchedules
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
+from pipetrain.frontend import CapturedModel
+from pipetrain.frontend.names import gather_state_dict
+from pipetrain.frontend.pipelines import pipeline_units, wants_capture
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
@@ -56,8 +61,14 @@ class Pipeline:
     """A model trained as a pipeline of stages over the processes of a torch.distributed job.
 
     Args:
-        layers: layer factories (each builds one layer; only this rank's are called) or
-            an ``nn.Sequential``.
+        layers: layer factories (each builds one layer; only this rank's are called), an
+            ``nn.Sequential``, or any ``nn.Module`` (a Hugging Face model unmodified)
+            with ``example_inputs``: captured into a graph and cut where
+            ``split_points`` begin (module names, e.g. ``["transformer.h.6"]``), else by
+            ``config.balance`` (a plan's, in units), else by the planner (rank 0
+            profiles the units); a model on the meta device is materialized stage by
+            stage, from ``weights`` (a safetensors file or Hugging Face folder) when
+            given. See ``docs/frontend.md``.
         loss_fn: ``loss_fn(output, target)``, the MEAN loss of a micro-batch; the last
             stage applies it and weights each micro-batch by its share of the batch.
         optimizer: builds each stage's optimizer from its parameters.
@@ -83,7 +94,7 @@ class Pipeline:
 
     def __init__(
         self,
-        layers: LayerSource,
+        layers: LayerSource | nn.Module,
         *,
         loss_fn: LossFn,
         optimizer: OptimizerFactory,
@@ -91,8 +102,13 @@ class Pipeline:
         context: DistContext | None = None,
         lr_scheduler: SchedulerFactory | None = None,
         ties: Sequence[Tie] = (),
+        example_inputs: Any = None,
+        example_kwargs: dict[str, Any] | None = None,
+        split_points: Sequence[str] | None = None,
+        weights: str | os.PathLike[str] | None = None,
     ) -> None:
         config = PipelineConfig() if config is None else config
+        capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
         if not dist.is_initialized():
             raise RuntimeError(
                 "Pipeline needs an initialized torch.distributed job; fix: call "
@@ -110,10 +126,21 @@ class Pipeline:
                 + (f" or set num_stages={world_size // config.replicas}"
                    if config.stage_replicas is None else "")
             )
-        self.config = config
-        self.rank = dist.get_rank()
         self.context = context
         self.device = context.device if context is not None else torch.device("cpu")
+        self.captured: CapturedModel | None = None
+        """The captured model (``Pipeline(model, example_inputs=...)``), else ``None``."""
+        if capturing:
+            self.captured, balance = pipeline_units(
+                layers, example_inputs=example_inputs, example_kwargs=example_kwargs,
+                split_points=split_points, weights=weights, num_stages=config.num_model_stages,
+                balance=config.balance, device=self.device)
+            config, layers = dataclasses.replace(config, balance=balance), self.captured
+            ties = [*ties, *self.captured.ties]
+        else:
+            layers = cast(LayerSource, layers)
+        self.config = config
+        self.rank = dist.get_rank()
         self.loss_fn = loss_fn
         self.schedule_name = config.schedule_name
         self.layout = Layout.create(config, num_layers=len(layers))
@@ -128,8 +155,11 @@ class Pipeline:
         self.layers = build_layers(layers, layout=self.layout, local_stages=self.local_stages,
                                    device=self.device)
         convert_batch_norms(self.layers, config)
-        self.model = nn.Module()
-        self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
+        if self.captured is not None:  # the model's own names (checkpoints reshard)
+            self.model = self.captured.container(self.layers)
+        else:
+            self.model = nn.Module()
+            self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
         self._replica_group = replica_group(self.layout, pipeline_rank=self.pipeline_rank)
         ties_here = tie_layers(self.layers, list(ties), layout=self.layout,
                                pipeline_rank=self.pipeline_rank)
@@ -351,6 +381,18 @@ class Pipeline:
         return list(self.model.parameters())
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
-        """This rank's parameters by global name (``layers.5.weight``)."""
+        """This rank's parameters by global name (``layers.5.weight``; a captured
+        model's own names)."""
         return dict(self.model.named_parameters(remove_duplicate=False))
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's stages' state (a captured model: under the model's own names)."""
+        return dict(self.model.state_dict())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's state dict on rank 0 (CPU tensors; ``None`` elsewhere; every
+        rank calls it). A captured model's has exactly ``model.state_dict()``'s keys."""
+        order = self.captured.state_keys if self.captured is not None else None
+        with self.guard():
+            return gather_state_dict(self.state_dict(), order=order)
 

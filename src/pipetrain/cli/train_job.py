@@ -24,6 +24,7 @@ import torch.distributed as dist
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
+from pipetrain.cli.hf_models import pipeline_model
 from pipetrain.cli.run_folder import new_run_problem, write_json
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
@@ -33,7 +34,7 @@ from pipetrain.cli.train_records import RunRecords
 from pipetrain.cli.worker_errors import RunStopped, UsageError, report_failure
 from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
 from pipetrain.launch.local import LAUNCHED_ENV
-from pipetrain.models import GPTConfig, generate, gpt_layer_factories, gpt_loss, gpt_ties
+from pipetrain.models import GPTConfig, generate
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.schedule import TimedAction
 from pipetrain.trace import ProgressBar, measure_step, offsets_from_origins
@@ -81,16 +82,16 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
         model_config = gpt_config(args)
         dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
         balance = None
-        if args.balance == AUTO:
+        if args.balance == AUTO and args.model == "gpt":
             balance = agree_on_balance(args, model_config, dataset, device=context.device)
+        model, model_arguments = pipeline_model(args, model_config, dataset)
         pipe = Pipeline(
-            gpt_layer_factories(model_config, seed=args.seed),
-            loss_fn=gpt_loss,
+            model,
+            **model_arguments,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
                                                        weight_decay=0.1),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                 opt, lr_factor(args.warmup, args.steps)),
-            ties=gpt_ties(model_config),
             config=run_config(args, balance=balance),
             context=context,
         )
@@ -365,6 +366,7 @@ def _sample(pipe: Pipeline, args: argparse.Namespace, model_config: GPTConfig) -
 
     def logits(ids: torch.Tensor) -> torch.Tensor:
         output = pipe.eval_step(ids, broadcast=True)
+        output = getattr(output, "logits", output)  # a Hugging Face model's output
         assert isinstance(output, torch.Tensor)
         return output
 

@@ -66,6 +66,10 @@ def layout_problems(args: argparse.Namespace) -> list[str]:
     from pipetrain.api.plan_config import config_from_plan
 
     problems: list[str] = []
+    if getattr(args, "model", "gpt") != "gpt":
+        from pipetrain.cli.hf_models import hf_layout_problems
+
+        return hf_layout_problems(args)
     num_layers = args.layers + 2
     if args.plan is not None:
         if args.balance is not None:

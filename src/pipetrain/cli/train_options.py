@@ -26,7 +26,7 @@ __all__ = [
     "stages_per_rank",
 ]
 
-MODEL_OPTIONS = ("layers", "width", "heads", "context")
+MODEL_OPTIONS = ("model", "layers", "width", "heads", "context")
 """Options that fix the shape of the model's weights: a resume cannot change them."""
 RUN_OPTIONS = ("out", "resume")
 """Options of this invocation alone: never taken from a resumed run."""
@@ -149,6 +149,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32 (default), or mixed precision: bf16 or fp16 autocast in every stage, "
              "float32 weights; fp16 with a dynamic loss scale that skips overflowing steps")
     model = parser.add_argument_group("model")
+    add(model, "--model", default="gpt", choices=("gpt", "hf-gpt2", "hf-llama"),
+        help="pipetrain's GPT (default), or a Hugging Face GPT-2 / Llama, unmodified "
+             "(needs the [hf] extra)")
     add(model, "--layers", type=_positive_int, default=4, help="transformer blocks (default 4)")
     add(model, "--width", type=_positive_int, default=64, help="embedding width (default 64)")
     add(model, "--heads", type=_positive_int, default=4, help="attention heads (default 4)")

@@ -1,0 +1,137 @@
+"""Training-mode switches and devices of a captured graph.
+
+A graph captured in training mode holds ``dropout(x, p, train=True)``, ``batch_norm(...,
+training=True)`` and ``scaled_dot_product_attention(..., dropout_p=p)`` with those flags
+as constants, and the in-place updates of buffers (``num_batches_tracked += 1``) as
+plain operations. :func:`follow_training_mode` replaces each such call by a
+:class:`ModeSwitch` submodule, so that ``.train()`` / ``.eval()`` of the stage turn them
+on and off as they would in the model, and a recomputed micro-batch (re-materialization)
+does not update running statistics a second time.
+
+Devices written into the graph at capture (``torch.arange(..., device=...)``; ``meta``
+for a model built on the meta device) are rewritten to the stage's device by
+:func:`retarget_devices`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from pipetrain.checkpoint import is_recomputing
+
+__all__ = ["ModeSwitch", "follow_training_mode", "retarget_devices"]
+
+_aten = torch.ops.aten
+_DROPOUTS = {_aten.dropout.default, _aten.feature_dropout.default,
+             _aten.alpha_dropout.default, _aten.feature_alpha_dropout.default}
+# which argument to change, by position and name, and its value outside training
+_SWITCHES: dict[Any, tuple[str, int, str, Any]] = {
+    **{op: ("dropout", 2, "train", False) for op in _DROPOUTS},
+    _aten.batch_norm.default: ("batch_norm", 5, "training", False),
+    _aten.scaled_dot_product_attention.default: ("attention", 4, "dropout_p", 0.0),
+}
+
+
+def _set(args: list[Any], kwargs: dict[str, Any], index: int, name: str, value: Any) -> None:
+    if name in kwargs or len(args) <= index:
+        kwargs[name] = value
+    else:
+        args[index] = value
+
+
+class ModeSwitch(nn.Module):
+    """One operation of a captured graph that behaves as in training only while the
+    stage is in training mode (``kind``: ``dropout``, ``batch_norm``, ``attention``
+    dropout, or an in-place ``buffer_update`` that is skipped outside training and
+    while recomputing).
+
+    Example:
+        >>> switch = ModeSwitch(torch.ops.aten.dropout.default, "dropout", 2, "train", False)
+        >>> x = torch.ones(4)
+        >>> torch.equal(switch.eval()(x, 0.5, True), x)
+        True
+    """
+
+    def __init__(self, op: Callable[..., Any], kind: str, index: int, name: str,
+                 off: Any) -> None:
+        super().__init__()
+        self.op = op
+        self.kind = kind
+        self.index = index
+        self.name = name
+        self.off = off
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        values, named = list(args), dict(kwargs)
+        if self.kind == "buffer_update":
+            if not self.training or is_recomputing():
+                return values[0]
+        elif self.kind == "batch_norm":
+            if self.training and is_recomputing():
+                values[3:5] = [None, None]  # the batch's statistics, no second update
+            elif not self.training and values[3] is not None:
+                _set(values, named, self.index, self.name, self.off)
+        elif not self.training:
+            _set(values, named, self.index, self.name, self.off)
+        return self.op(*values, **named)
+
+    def extra_repr(self) -> str:
+        return f"{self.op}, {self.kind}"
+
+
+def _is_inplace(target: Any) -> bool:
+    name = str(target).split(".")
+    return len(name) >= 2 and name[1].endswith("_") and not name[1].startswith("_")
+
+
+def follow_training_mode(gm: fx.GraphModule, buffers: Collection[str]) -> None:
+    """Route ``gm``'s mode-dependent operations through :class:`ModeSwitch` submodules
+    (in place). ``buffers`` are the attribute names that are buffers (their in-place
+    updates are switched)."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        switch: ModeSwitch | None = None
+        if node.target in _SWITCHES:
+            switch = ModeSwitch(node.target, *_SWITCHES[node.target])
+        elif (_is_inplace(node.target) and node.args and isinstance(node.args[0], fx.Node)
+              and node.args[0].op == "get_attr" and node.args[0].target in buffers):
+            switch = ModeSwitch(node.target, "buffer_update", 0, "self", None)
+        if switch is None:
+            continue
+        name = f"pipetrain_mode_{count}"
+        count += 1
+        gm.add_submodule(name, switch)
+        node.op, node.target = "call_module", name
+    gm.recompile()
+
+
+def retarget_devices(graph: fx.Graph, device: torch.device, *,
+                     captured_on: Collection[torch.device]) -> None:
+    """Replace the devices of ``captured_on`` (and ``meta``) in ``graph``'s arguments by
+    ``device`` (in place).
+
+    Example:
+        >>> graph = fx.Graph()
+        >>> node = graph.call_function(torch.zeros, (2,), {"device": torch.device("meta")})
+        >>> retarget_devices(graph, torch.device("cpu"), captured_on=())
+        >>> node.kwargs["device"]
+        device(type='cpu')
+    """
+    old = {torch.device("meta"), *captured_on} - {device}
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, torch.device) and value in old:
+            return device
+        if isinstance(value, (tuple, list)):
+            return type(value)(swap(v) for v in value)
+        return value
+
+    for node in graph.nodes:
+        node.args = tuple(swap(a) for a in node.args)
+        node.kwargs = {k: swap(v) for k, v in node.kwargs.items()}
