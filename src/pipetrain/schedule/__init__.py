@@ -19,6 +19,7 @@ from pipetrain.schedule.actions import (
     parse_action,
     parse_actions,
 )
+from pipetrain.schedule.async_stream import ASYNC_SCHEDULES, AsyncStream
 from pipetrain.schedule.costs import Costs, StageCosts
 from pipetrain.schedule.execution import TimedAction
 from pipetrain.schedule.forward_only import forward_only
@@ -27,6 +28,7 @@ from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step
 from pipetrain.schedule.one_f_one_b import one_f_one_b
+from pipetrain.schedule.pipedream import pipedream
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.registry import (
     SCHEDULE_ALIASES,
@@ -37,23 +39,29 @@ from pipetrain.schedule.registry import (
     get_generator,
 )
 from pipetrain.schedule.simulate import SimulationResult, simulate
+from pipetrain.schedule.steady_state import SteadyState, steady_state
 from pipetrain.schedule.timeline import render_timeline
+from pipetrain.schedule.two_bw import two_bw
 from pipetrain.schedule.validate import ScheduleError, find_problems, validate
+from pipetrain.schedule.versions import is_versioned, version_problems, versions_held
 from pipetrain.schedule.zero_bubble import zb_h1
 
 __all__ = [
+    "ASYNC_SCHEDULES",
     "COMMUNICATION_OPS",
     "COMPUTE_OPS",
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
     "TRAINING_SCHEDULES",
     "Action",
+    "AsyncStream",
     "Costs",
     "Op",
     "Schedule",
     "ScheduleError",
     "SimulationResult",
     "StageCosts",
+    "SteadyState",
     "TimedAction",
     "add_communication",
     "add_optimizer_step",
@@ -65,14 +73,20 @@ __all__ = [
     "get_generator",
     "gpipe",
     "interleaved_1f1b",
+    "is_versioned",
     "loop_placement",
     "one_f_one_b",
     "parse_action",
     "parse_actions",
+    "pipedream",
     "render_grid",
     "render_timeline",
     "simulate",
+    "steady_state",
+    "two_bw",
     "v_placement",
     "validate",
+    "version_problems",
+    "versions_held",
     "zb_h1",
 ]

@@ -1,0 +1,65 @@
+"""The steady state of a schedule: time per micro-batch once the pipeline is full.
+
+A synchronous schedule pays its fill and drain on every step: a step of ``M``
+micro-batches takes ``makespan`` and a micro-batch costs ``makespan / M``. An
+asynchronous schedule fills once and then streams: its cost per micro-batch is the
+rate at which the input stage admits micro-batches in the middle of a long run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipetrain.schedule.actions import Op
+from pipetrain.schedule.execution import TimedAction
+from pipetrain.schedule.program import Schedule
+
+__all__ = ["SteadyState", "steady_state"]
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Time per micro-batch: in the middle of the run (``steady``) and on average over
+    the whole run, fill and drain included (``average = makespan / micro-batches``).
+
+    Example:
+        >>> SteadyState(steady=3.0, average=4.5).speedup_over(4.5)
+        1.5
+    """
+
+    steady: float
+    average: float
+
+    def speedup_over(self, per_microbatch: float) -> float:
+        """How many times faster than ``per_microbatch`` the steady state streams."""
+        return per_microbatch / self.steady if self.steady > 0 else float("inf")
+
+
+def steady_state(schedule: Schedule, timeline: tuple[TimedAction, ...]) -> SteadyState:
+    """The steady state of a simulated (or measured) run of ``schedule``.
+
+    ``steady`` is the time between the input stage's forwards of the micro-batches a
+    quarter and three quarters into the run, per micro-batch between them (with
+    uniform costs and no communication time: the slowest stage's forward plus backward
+    divided by its replicas).
+
+    Example (PipeDream on 4 stages, forward 1 and backward 2: a micro-batch every 3; a
+    1F1B step of 8 micro-batches costs 33 / 8 per micro-batch):
+        >>> from pipetrain.schedule.pipedream import pipedream
+        >>> from pipetrain.schedule.simulate import simulate
+        >>> s = pipedream(4, 64)
+        >>> steady_state(s, simulate(s).timeline)
+        SteadyState(steady=3.0, average=3.140625)
+
+    Raises:
+        ValueError: the run has fewer than 4 micro-batches (no middle to measure).
+    """
+    num = schedule.num_microbatches
+    if num < 4:
+        raise ValueError(f"a steady state needs a run of at least 4 micro-batches, got {num}; "
+                         "fix: more micro-batches (or steps)")
+    starts = {t.action.microbatch: t.start for t in timeline
+              if t.action.op is Op.FORWARD and t.action.stage == 0}
+    low, high = num // 4, (3 * num) // 4
+    makespan = max(t.end for t in timeline) - min(t.start for t in timeline)
+    return SteadyState(steady=(starts[high] - starts[low]) / (high - low), average=makespan / num)
