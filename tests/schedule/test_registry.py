@@ -27,6 +27,8 @@ def _admitted(name: str) -> list[tuple[int, int, int]]:
         return [(k, m, v) for k, m in sizes(min_microbatches_per_rank=1) for v in (2, 3)]
     if name == "forward":
         return [(k, m, v) for k, m in sizes() for v in (1, 2)]
+    if name == "2bw":  # a step's micro-batches reach a stage after the last step's
+        return [(k, m, 1) for k, m in sizes() if m >= k - 1]
     return [(k, m, 1) for k, m in sizes()]
 
 
@@ -69,13 +71,15 @@ def test_compact_form_round_trips(name: str) -> None:
 
 
 def test_names_and_aliases() -> None:
-    assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward")
+    assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "forward",
+                              "pipedream", "2bw")
     assert {alias: canonical_name(alias) for alias in SCHEDULE_ALIASES} == {
         "pipedream-flush": "1f1b",
         "interleaved": "interleaved-1f1b",
         "zero-bubble": "zb-h1",
         "forward-only": "forward",
         "inference": "forward",
+        "pipedream-2bw": "2bw",
     }
     assert canonical_name("ZB_H1") == "zb-h1"
     assert get_generator("pipedream-flush") is one_f_one_b

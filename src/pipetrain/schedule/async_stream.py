@@ -127,11 +127,15 @@ class AsyncStream:
         return any(rep.pending for rep in self._replicas)
 
     def minimum_count(self) -> int:
-        """The fewest micro-batches a window may admit (``2bw``: ``r_j * (w_j + 1)`` on
-        every stage, the paper's ``m >= d``, so that no stage needs a third version)."""
+        """The fewest micro-batches a window may admit: a round of every stage's replicas;
+        ``2bw`` also needs ``r_j * w_j`` on every stage (``K - 1`` with one rank per stage),
+        so that a step's micro-batches reach a stage only after the previous step's are
+        all there (else a step would start before its version exists, and a stage would
+        keep three versions)."""
+        rounds = max(self.replicas)
         if self.kind == "pipedream":
-            return max(self.replicas)
-        return max(self.replicas[rep.stage] * (rep.warmup + 1) for rep in self._replicas)
+            return rounds
+        return max(rounds, *(self.replicas[rep.stage] * rep.warmup for rep in self._replicas))
 
     def count_problem(self, count: int) -> str:
         """Why a window of ``count`` micro-batches cannot run, or ``""``."""
@@ -147,8 +151,9 @@ class AsyncStream:
         if count < least:
             return (f"{self.kind} needs at least {least} micro-batches per step on "
                     f"{self.num_stages} stages (replicas {list(self.replicas)}): with fewer, "
-                    f"a stage would hold three weight versions, not two (the paper's m >= d); "
-                    f"got {count}; fix: num_microbatches >= {least}")
+                    f"a step would reach a stage before the version it uses exists, and the "
+                    f"stage would keep three weight versions, not two; got {count}; fix: "
+                    f"num_microbatches >= {least}")
         return ""
 
     # -- windows ------------------------------------------------------------------------

@@ -26,8 +26,11 @@ def two_bw(
     version ``max(t - 1, 0)``, so the update is ``W(t+1) = W(t) - lr * grad(W(t-1))``: a
     delay of exactly one step, whatever the number of stages (one included). A stage
     keeps two versions, the live one and the one the current step uses; that needs
-    ``M >= K`` (with replicas: ``M >= r_j * (w_j + 1)`` on every stage), the paper's
-    ``m >= d``. ``num_steps`` steps of ``num_microbatches`` run, then the drain.
+    ``M >= K - 1`` (with replicas: ``M >= r_j * w_j`` on every stage; see
+    :meth:`~.async_stream.AsyncStream.minimum_count`), as the paper's ``m >= d`` (its
+    ``d`` counts the input stage's micro-batches in flight, here ``K - 1`` when the next
+    step's first forward runs). ``num_steps`` steps of ``num_microbatches`` run, then the
+    drain.
 
     Example (one column per clock tick, unit costs; three steps of three micro-batches:
     steps 0 and 1 use version 0, step 2 uses version 1):
