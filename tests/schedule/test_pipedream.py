@@ -51,7 +51,7 @@ def test_versions_follow_the_papers_formulas(vertical_sync: bool) -> None:
 
 def test_one_update_per_microbatch_right_after_its_backward() -> None:
     for num_stages, num_microbatches in sizes():
-        for j, actions in enumerate(pipedream(num_stages, num_microbatches).actions):
+        for actions in pipedream(num_stages, num_microbatches).actions:
             steps = [p for p, a in enumerate(actions) if a.op is Op.OPTIMIZER_STEP]
             assert len(steps) == num_microbatches
             assert all(actions[p - 1].op is Op.BACKWARD for p in steps)
@@ -132,7 +132,7 @@ def test_every_window_runs_without_the_next(kind: str, replicas: list[int], coun
     prefix of windows must run to its end with no message from a later window, and the
     replicas of a stage update in the same window."""
     stream = AsyncStream(kind, replicas)
-    windows = _windows(stream, counts) + [stream.drain()]
+    windows = [*_windows(stream, counts), stream.drain()]
     total = stream.admitted
     for end in range(1, len(windows) + 1):
         prefix = Schedule(name=kind, num_microbatches=total, stage_to_rank=tuple(g[0] for g in stream.groups),
