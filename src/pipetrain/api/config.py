@@ -7,9 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
 from pipetrain.checkpoint import CHECKPOINT_MODES
-from pipetrain.schedule import TRAINING_SCHEDULES, canonical_name
+from pipetrain.schedule import ASYNC_SCHEDULES, TRAINING_SCHEDULES, canonical_name
 
 __all__ = ["PipelineConfig", "Spelling", "config_problems"]
 
@@ -31,7 +32,8 @@ class PipelineConfig:
 
     schedule: str = "1f1b"
     """One of :data:`~pipetrain.schedule.TRAINING_SCHEDULES`: ``gpipe``, ``1f1b``,
-    ``interleaved-1f1b`` or ``zb-h1`` (or an alias)."""
+    ``interleaved-1f1b`` or ``zb-h1`` (or an alias), or an asynchronous one, ``pipedream``
+    or ``2bw`` (no flush; see :mod:`pipetrain.api.async_training`)."""
     num_stages: int = 2
     """Pipeline ranks per replica (``K``)."""
     stages_per_rank: int = 1
@@ -69,6 +71,9 @@ class PipelineConfig:
     counts); ``ignore`` applies it anyway."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
+    vertical_sync: bool = False
+    """``pipedream`` only: every stage runs a micro-batch with the weight version the input
+    stage used for it (PipeDream's vertical sync)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
@@ -133,7 +138,7 @@ def _stage_replica_problems(counts: tuple[Any, ...], v: Mapping[str, Any], name:
         if v["stages_per_rank"] != 1:
             found.append(f"{say('stage_replicas', counts)} differ between ranks, which needs "
                          f"{say('stages_per_rank', 1)}")
-        if name and name not in REPLICATED_SCHEDULES:
+        if name and name not in REPLICATED_SCHEDULES and name not in ASYNC_SCHEDULES:
             found.append(f"{say('stage_replicas', counts)} differ between ranks, which schedule "
                          f"{name!r} cannot run; fix: {say('schedule', '1f1b')} or "
                          f"{say('schedule', 'gpipe')}")
@@ -203,5 +208,6 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         found.append(f"{say('timeout', timeout)} must be a positive number of seconds, e.g. "
                      f"{say('timeout', 300.0)}")
+    found.extend(async_problems(v, name, say))
     found.extend(v["extra_problems"])
     return found

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipetrain.api.async_training import AsyncTraining, attach_async
 from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
@@ -34,7 +35,7 @@ from pipetrain.api.pipeline_stages import (
     model_skip_layout,
     stage_parameters,
 )
-from pipetrain.api.step_batches import StepSplitter
+from pipetrain.api.step_batches import StepBatches, StepSplitter
 from pipetrain.api.step_schedules import StepSchedules
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
@@ -43,7 +44,7 @@ from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
-from pipetrain.schedule import Action, Schedule, TimedAction, canonical_name
+from pipetrain.schedule import ASYNC_SCHEDULES, Action, Schedule, TimedAction, canonical_name
 
 __all__ = ["Pipeline"]
 
@@ -114,6 +115,13 @@ class Pipeline:
         self.device = context.device if context is not None else torch.device("cpu")
         self.loss_fn = loss_fn
         self.schedule_name = canonical_name(config.schedule)
+        if self.schedule_name in ASYNC_SCHEDULES and ties:
+            raise ValueError(
+                f"schedule {self.schedule_name!r} cannot train tied weights {list(ties)}: its "
+                "stages update at different times, so the copies of a tied weight on two stages "
+                "would be different versions; fix: untie them (e.g. GPTConfig(tie_embeddings="
+                "False)) or a synchronous schedule such as '1f1b'"
+            )
         self.layout = Layout.create(config, num_layers=len(layers))
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
         self.num_replicas = self.layout.replica_counts[self.pipeline_rank]
@@ -182,6 +190,13 @@ class Pipeline:
             transport=self.transport,
             hooks=self.optimizers,
         )
+        self.async_state: AsyncTraining | None = None
+        """The stream, weight versions and updates of an asynchronous schedule (see
+        :mod:`pipetrain.api.async_training`); ``None`` for the synchronous ones."""
+        if self.schedule_name in ASYNC_SCHEDULES:
+            self.async_state = attach_async(self.schedule_name, config=config, layout=self.layout,
+                                            rank=self.rank, executor=self.executor,
+                                            optimizers=self.optimizers)
         self.step = 0
         """Training steps taken (restored by :meth:`load`)."""
         self.last_timeline: list[TimedAction] = []
@@ -221,7 +236,8 @@ class Pipeline:
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
         self.last_step_start = time.time()
-        self._streams.seed = mix_seed(self.config.seed, self.step)
+        # asynchronous: micro-batches are numbered across steps (the key of their streams)
+        self._streams.seed = mix_seed(self.config.seed, self.step if self.async_state is None else -1)
         origin = time.perf_counter()
         try:
             with self.guard():
@@ -230,6 +246,8 @@ class Pipeline:
             if self._monitor is not None:
                 self._monitor.report_error(error)
             self.executor.reset()
+            if self.async_state is not None:
+                self.async_state.fail(error)
             raise
 
     def _mean_loss(self, io: StepIO) -> float:
@@ -256,6 +274,8 @@ class Pipeline:
                 did not advance.
         """
         batches = self._splitter.train(inputs, targets)
+        if self.async_state is not None:
+            return self._train_async(self.async_state, batches)
         n = len(batches.inputs)
         io = StepIO(
             inputs=batches.inputs if 0 in self.local_stages else None,
@@ -281,6 +301,28 @@ class Pipeline:
         self.step += 1
         return loss
 
+    def _train_async(self, state: AsyncTraining, batches: StepBatches) -> float:
+        if state.needs_drain(len(batches.inputs)):
+            self.drain()
+        actions, io = state.window(batches)
+        for module in self.layers.values():
+            module.train()
+        self._run(actions, io)
+        state.weigh(io)
+        loss = self._mean_loss(io)
+        self.step += 1
+        return loss
+
+    def drain(self) -> None:
+        """Asynchronous schedules: run the backwards and updates of the micro-batches still
+        in flight, a flush (every rank calls it; :meth:`save` does). Nothing otherwise."""
+        if self.async_state is None or not self.async_state.in_flight:
+            return
+        actions, io = self.async_state.drain()
+        for module in self.layers.values():
+            module.train()
+        self._run(actions, io)
+
     def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
         """Forward only. With ``targets``: the mean loss (every rank). Without: the model's
         output for the whole batch, on the first rank of the last stage (every rank if
@@ -305,7 +347,9 @@ class Pipeline:
 
     def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint
-        (every rank calls it); see :mod:`pipetrain.api.checkpointing`."""
+        (every rank calls it); see :mod:`pipetrain.api.checkpointing`. An asynchronous
+        schedule drains first."""
+        self.drain()
         save_pipeline(self, path, extra=extra)
 
     def load(self, path: str) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ class StepSchedules:
                 optimizer_step=training,
                 reduce=training,
                 replicas=counts if max(counts) > 1 else None,
+                vertical_sync=self.config.vertical_sync and name == "pipedream",
             )
         return self._built[key]
 

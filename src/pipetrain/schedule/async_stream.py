@@ -222,6 +222,28 @@ class AsyncStream:
             replicas=self.groups if max(self.replicas) > 1 else (),
         )
 
+    def updates(self, stage: int) -> int:
+        """The updates ``stage`` has run so far in this stream (its live version)."""
+        return next(rep.updates for rep in self._replicas if rep.stage == stage)
+
+    def restart(self, *, admitted: int, num_batches: int) -> None:
+        """Continue after ``num_batches`` steps of ``admitted`` micro-batches in all, run
+        and drained elsewhere (a checkpoint): the stages' versions follow from them.
+
+        Example:
+            >>> stream = AsyncStream("pipedream", [2, 1])
+            >>> stream.restart(admitted=8, num_batches=2)
+            >>> stream.updates(0), stream.updates(1), stream.window(2)[2][0]
+            (4, 8, Action(1F8v8))
+        """
+        if self.in_flight:
+            raise RuntimeError("restart() needs a drained stream (micro-batches are in flight)")
+        self.admitted, self.num_batches = admitted, num_batches
+        for rep in self._replicas:
+            rep.updates = num_batches if self.kind == "2bw" else admitted // self.replicas[rep.stage]
+        self._input_versions.clear()
+        self._batch_ends.clear()
+
     # -- versions -----------------------------------------------------------------------
     def _forward_version(self, rep: _Replica, i: int, batch: int) -> int:
         if self.kind == "2bw":
