@@ -25,10 +25,12 @@ LR = 0.05
 Params = dict[str, torch.Tensor]
 
 
-def batches(steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(steps: int, batch: int | list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of ``batch`` samples (or of each size in ``batch``)."""
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(batch, WIDTH, generator=g, dtype=torch.float64),
-             torch.randn(batch, WIDTH, generator=g, dtype=torch.float64)) for _ in range(steps)]
+    sizes = batch if isinstance(batch, list) else [batch] * steps
+    return [(torch.randn(size, WIDTH, generator=g, dtype=torch.float64),
+             torch.randn(size, WIDTH, generator=g, dtype=torch.float64)) for size in sizes]
 
 
 def sgd(params: Any) -> torch.optim.Optimizer:
@@ -103,7 +105,8 @@ def pipedream_reference(num_stages: int, *, vertical_sync: bool, steps: int, bat
     return {"params": _named(model), "losses": losses, "checksums": _checksums(history, stages)}
 
 
-def two_bw_reference(num_stages: int, *, steps: int, batch: int, microbatches: int) -> dict[str, Any]:
+def two_bw_reference(num_stages: int, *, steps: int, batch: int | list[int],
+                     microbatches: int) -> dict[str, Any]:
     """The 2BW rule in one process: W(t+1) = W(t) - lr * grad(W(max(t - 1, 0)))."""
     model = _model()
     opt = sgd(model.parameters())
@@ -155,3 +158,64 @@ def async_job(ctx: Any, configs: list[dict[str, Any]], steps: int, batch: int) -
         })
         pipe.close()
     return results
+
+
+def _snapshot(pipe: Any) -> Params:
+    return {k: v.detach().clone() for k, v in pipe.named_parameters().items()}
+
+
+def _pipeline(ctx: Any, config: dict[str, Any], **options: Any) -> Any:
+    from pipetrain.api.config import PipelineConfig
+    from pipetrain.api.pipeline import Pipeline
+
+    return Pipeline(_factories(), loss_fn=options.pop("loss_fn", F.mse_loss), optimizer=sgd,
+                    config=PipelineConfig(nonfinite="ignore", **config), context=ctx, **options)
+
+
+def resume_job(ctx: Any, configs: list[dict[str, Any]], folder: str) -> list[dict[str, Any]]:
+    """Per configuration: 3 steps, save, 3 steps each followed by an evaluation; the same
+    without the evaluations; and a new pipeline that loads the save and trains 3 steps."""
+    import os
+
+    torch.set_default_dtype(torch.float64)
+    data = batches(6, 8)
+    results = []
+    for c, config in enumerate(configs):
+        path = os.path.join(folder, f"checkpoint-{c}")
+        runs = []
+        for evaluate in (True, False):
+            pipe = _pipeline(ctx, config)
+            losses = [pipe.train_step(x, y) for x, y in data[:3]]
+            pipe.save(path + ("" if evaluate else "-plain"))  # drains
+            for x, y in data[3:]:
+                losses.append(pipe.train_step(x, y))
+                if evaluate:  # micro-batches in flight
+                    pipe.eval_step(*data[0])
+            pipe.drain()
+            runs.append((_snapshot(pipe), losses))
+            pipe.close()
+        pipe = _pipeline(ctx, config)
+        pipe.load(path)
+        losses = [pipe.train_step(x, y) for x, y in data[3:]]
+        pipe.drain()
+        results.append({"evaluated": runs[0], "plain": runs[1], "resumed": (_snapshot(pipe), losses),
+                        "step": pipe.step})
+        pipe.close()
+    return results
+
+
+def odd_input_job(ctx: Any, sizes: list[int]) -> dict[str, Any]:
+    """2BW on batches of ``sizes`` samples (a smaller one has fewer micro-batches: the
+    pipeline drains), and the message refusing tied weights."""
+    torch.set_default_dtype(torch.float64)
+    pipe = _pipeline(ctx, {"schedule": "2bw", "num_stages": 2, "num_microbatches": 4})
+    losses = [pipe.train_step(x, y) for x, y in batches(len(sizes), sizes)]
+    pipe.drain()
+    result: dict[str, Any] = {"params": _snapshot(pipe), "losses": losses}
+    pipe.close()
+    try:
+        _pipeline(ctx, {"schedule": "pipedream", "num_stages": 2, "num_microbatches": 2},
+                  ties=[((0, "0.weight"), (3, "0.weight"))])
+    except ValueError as error:
+        result["ties"] = str(error)
+    return result
