@@ -168,8 +168,11 @@ class Pipeline:
         self.optimizers.scalar_device = self._scalar_device
         self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout)
         # point to point always travels over gloo (CPU buffers; see runtime.distributed);
-        # with another default backend (NCCL) the pipeline gets a gloo group of its own
-        p2p_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        # with another default backend (NCCL) the pipeline gets a gloo group of its own, as
+        # does an asynchronous one (its receives stay posted between steps: another
+        # pipeline's messages on the same group would land in them)
+        own = dist.get_backend() != "gloo" or self.schedule_name in ASYNC_SCHEDULES
+        p2p_group = dist.new_group(backend="gloo") if own else None
         placement = self.layout.placement()
         inbound, outbound = self.layout.channels(self.pipeline_rank)
         self.transport = DistTransport(
