@@ -204,3 +204,18 @@ def test_stream_counts_and_drains() -> None:
     assert not stream.in_flight
     assert Counter(a.op for acts in drained for a in acts) == {Op.BACKWARD: 3, Op.OPTIMIZER_STEP: 3}
     assert stream.next_forward_versions(3) == [2, 2, 2]  # after a flush, every stage is current
+
+
+def test_simulate_command_shows_the_steady_state(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipetrain.cli.main import main
+
+    assert main(["simulate", "--schedule", "pipedream", "--stages", "4", "--microbatches", "8",
+                 "--steps", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 3: .      .      .      F0v0   B0v0   F1v1" in text
+    assert ("steady state: one micro-batch every 3 (8 steps of 8 without flushes: 3.14062 per "
+            "micro-batch, fill and drain included); 1f1b with a flush every 8 micro-batches: "
+            "4.125 per micro-batch (1.38x)") in text
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                 "--vertical-sync"]) == 2
+    assert "--steps and --vertical-sync are for pipedream, 2bw, not 1f1b" in capsys.readouterr().err

@@ -271,6 +271,11 @@ class Pipeline:
         first batch must fill them all; a later, smaller batch (the last of an epoch)
         runs as fewer micro-batches, with the same math.
 
+        With an asynchronous schedule (``pipedream``, ``2bw``) there is no flush: the step
+        admits its micro-batches and runs the backwards and updates that interleave with
+        them, leaving the last ones in flight until the next step (or :meth:`drain`); it
+        returns its own batch's mean loss (see :mod:`pipetrain.api.async_training`).
+
         Raises:
             NonFiniteError: the loss or the global gradient norm is not finite (with
                 ``nonfinite='error'``); no stage applied the update and :attr:`step`
