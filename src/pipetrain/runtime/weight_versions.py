@@ -85,7 +85,6 @@ class StageVersions:
         """Most versions held at once (live included)."""
         self.peak_stashed_bytes = 0
         """Most bytes of stashed (not live) versions held at once."""
-        self._ids = {id(p) for p in self.params}
         self._stash: dict[int, list[torch.Tensor]] = {}
         self._users: Counter[int] = Counter()
         self._of: dict[int, int] = {}
@@ -137,8 +136,12 @@ class StageVersions:
         return self._stash[version]
 
     # -- computing ----------------------------------------------------------------------
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        return tensor.detach() if id(tensor) in self._ids else tensor
+    @staticmethod
+    def _pack(tensor: torch.Tensor) -> Any:
+        # a detached alias: a parameter's pins the version's tensors, whatever the
+        # parameter's data becomes; any other's keeps no link back to the graph (an
+        # output returned as is would make a cycle through its grad_fn that is never freed)
+        return tensor.detach()
 
     @contextlib.contextmanager
     def computing(self, op: Op, microbatch: int, version: int | None) -> Iterator[None]:
