@@ -147,6 +147,20 @@ def test_every_window_runs_without_the_next(kind: str, replicas: list[int], coun
             assert len(steps) == 1, (kind, end, group)
 
 
+def test_steps_that_end_together_cost_k_minus_1_forwards_not_a_flush() -> None:
+    """A Pipeline's step ends on every rank together: per step, the first stage waits
+    for the last forward to cross the others, (K - 1) forward times, where 1F1B's flush
+    costs (K - 1) forward and backward times."""
+    from pipetrain.schedule import Costs
+    from pipetrain.schedule.steady_state import window_time
+
+    for kind in ("pipedream", "2bw"):
+        for num_stages in (1, 2, 4, 8):
+            for count in (8, 16):
+                per = window_time(AsyncStream(kind, [1] * num_stages), count, Costs())
+                assert per == pytest.approx((3 * count + num_stages - 1) / count)
+
+
 def test_steady_state_has_no_flush_bubble() -> None:
     """Forward 1, backward 2: one micro-batch every 3 on any number of stages, where
     1F1B pays its fill and drain every step of M micro-batches."""
@@ -215,7 +229,8 @@ def test_simulate_command_shows_the_steady_state(capsys: pytest.CaptureFixture[s
     assert "rank 3: .      .      .      F0v0   B0v0   F1v1" in text
     assert ("steady state: one micro-batch every 3 (8 steps of 8 without flushes: 3.14062 per "
             "micro-batch, fill and drain included); 1f1b with a flush every 8 micro-batches: "
-            "4.125 per micro-batch (1.38x)") in text
+            "4.125 per micro-batch (1.38x). Pipeline.train_step ends each step on every rank "
+            "together: 3.375 per micro-batch (1.22x 1f1b)") in text
     assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
                  "--vertical-sync"]) == 2
     assert "--steps and --vertical-sync are for pipedream, 2bw, not 1f1b" in capsys.readouterr().err

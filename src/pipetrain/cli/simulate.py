@@ -17,7 +17,8 @@ from pipetrain.schedule import (
     render_timeline,
     simulate,
 )
-from pipetrain.schedule.steady_state import steady_state
+from pipetrain.schedule.async_stream import AsyncStream
+from pipetrain.schedule.steady_state import steady_state, window_time
 
 __all__ = ["add_parser", "run"]
 
@@ -157,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
             f"{steady['average_per_microbatch']:g} per micro-batch, fill and drain included); "
             f"1f1b with a flush every {args.microbatches} micro-batches: "
             f"{steady['one_f_one_b_per_microbatch']:g} per micro-batch "
-            f"({steady['speedup_over_1f1b']:.2f}x).\n"
+            f"({steady['speedup_over_1f1b']:.2f}x). Pipeline.train_step ends each step on "
+            f"every rank together: {steady['per_microbatch_in_steps']:g} per micro-batch "
+            f"({steady['one_f_one_b_per_microbatch'] / steady['per_microbatch_in_steps']:.2f}x "
+            "1f1b).\n"
         )
     return 0
 
@@ -169,6 +173,8 @@ def _steady(schedule: Any, result: Any, costs: Costs, args: argparse.Namespace) 
                                       num_microbatches=args.microbatches, communication=False),
                        costs)
     per_microbatch = flushed.makespan / args.microbatches
+    stream = AsyncStream(schedule.name, [1] * args.stages, vertical_sync=args.vertical_sync)
     return {"steady_per_microbatch": state.steady, "average_per_microbatch": state.average,
             "one_f_one_b_per_microbatch": per_microbatch,
-            "speedup_over_1f1b": state.speedup_over(per_microbatch)}
+            "speedup_over_1f1b": state.speedup_over(per_microbatch),
+            "per_microbatch_in_steps": window_time(stream, args.microbatches, costs)}
