@@ -67,10 +67,10 @@ def _pipeline(ctx: Any, name: str, options: dict[str, Any]) -> Any:
     asynchronous = name != "1f1b"
     model = GPTConfig(context=128, num_layers=4, width=64, num_heads=4, dropout=0.0,
                       tie_embeddings=not asynchronous)
-    lr = options["lr"] * (options["pipedream_lr_scale"] if name == "pipedream" else 1.0)
+    lr = options["lr"] * options["lr_scale"].get(name, 1.0)
     config = PipelineConfig(schedule=name, num_stages=options["stages"],
                             num_microbatches=options["microbatches"],
-                            clip_grad_norm=None if asynchronous else 1.0,
+                            clip_grad_norm=None if asynchronous else options["clip"],
                             nonfinite="ignore" if asynchronous else "error", seed=0)
     return Pipeline(
         gpt_layer_factories(model, seed=0), loss_fn=gpt_loss,
@@ -123,7 +123,7 @@ def summarize(result: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]
             row["throughput_vs_1f1b"] = anchor["median_step_seconds"] / row["median_step_seconds"]
             row["val_loss_vs_1f1b"] = row["val_loss"] / anchor["val_loss"]
     samples = steps * options["batch_size"]
-    return {"options": options, "samples": samples, "runners": rows}
+    return {"options": options, "samples": samples, "runners": rows, "losses": result["losses"]}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -136,6 +136,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50, help="warm-up steps (default 50)")
     parser.add_argument("--pipedream-lr-scale", type=float, default=None,
                         help="PipeDream's peak LR = --lr times this (default 1/M)")
+    parser.add_argument("--two-bw-lr-scale", type=float, default=1.0,
+                        help="2BW's peak LR = --lr times this (default 1)")
+    parser.add_argument("--clip", type=float, default=1.0,
+                        help="1F1B's gradient clipping, as pipetrain train's --clip (default 1; 0 = off)")
     parser.add_argument("--skip", type=int, default=5, help="steps left out of the timing (default 5)")
     parser.add_argument("--val-batches", type=int, default=8, help="validation batches (default 8)")
     parser.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated subset")
@@ -151,8 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {
         "steps": args.steps, "stages": args.stages, "microbatches": args.microbatches,
         "batch_size": args.batch_size, "lr": args.lr, "warmup": min(args.warmup, args.steps),
-        "pipedream_lr_scale": (1.0 / args.microbatches if args.pipedream_lr_scale is None
-                               else args.pipedream_lr_scale),
+        "lr_scale": {"pipedream": (1.0 / args.microbatches if args.pipedream_lr_scale is None
+                                   else args.pipedream_lr_scale), "2bw": args.two_bw_lr_scale},
+        "clip": args.clip if args.clip > 0 else None,
         "skip": min(args.skip, max(args.steps - 1, 0)), "val_batches": args.val_batches,
         "runners": [r for r in args.runners.split(",") if r],
     }
@@ -163,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"default LM task, {args.stages} stages x 1 thread, {args.steps} steps of "
           f"{args.batch_size} sequences ({summary['samples']} samples), M = {args.microbatches}; "
-          f"PipeDream peak LR x {options['pipedream_lr_scale']:g}; measured under load: ratios only")
+          f"peak LR {args.lr:g} (PipeDream x {options['lr_scale']['pipedream']:g}, 2BW x "
+          f"{args.two_bw_lr_scale:g}), 1F1B clip {options['clip']}; measured under load: ratios only")
     print(f"{'schedule':<10} {'step (s)':>9} {'throughput':>11} {'train loss':>11} {'val loss':>9} {'val / 1f1b':>11}")
     for name, row in summary["runners"].items():
         ratio = row.get("throughput_vs_1f1b", math.nan)

@@ -35,9 +35,10 @@ from pipetrain.api.optimizer_step import StageOptimizers
 from pipetrain.api.step_batches import StepBatches
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.weight_versions import StageVersions
-from pipetrain.schedule import Action, AsyncStream, Op, Schedule, add_communication
+from pipetrain.schedule import ASYNC_SCHEDULES, Action, AsyncStream, Op, Schedule, add_communication
+from pipetrain.schedule.steady_state import step_window
 
-__all__ = ["AsyncTraining", "Shifted", "attach_async"]
+__all__ = ["AsyncTraining", "Shifted", "attach_async", "refuse_ties"]
 
 T = TypeVar("T")
 _SENT = {Op.SEND_FORWARD: (Op.RECV_FORWARD, 1), Op.SEND_BACKWARD: (Op.RECV_BACKWARD, -1)}
@@ -175,6 +176,12 @@ class AsyncTraining:
         self._shares = Shifted(batches.scales, first=first)
         return actions, io
 
+    def step_schedule(self, count: int) -> Schedule:
+        """A training step of ``count`` micro-batches in the steady state (for the
+        simulator: the messages of other steps left out)."""
+        stream = AsyncStream(self.kind, self.stream.replicas, vertical_sync=self.stream.vertical_sync)
+        return step_window(stream, count)
+
     def weigh(self, io: StepIO) -> None:
         """Weigh each micro-batch's loss by its share of the batch (PipeDream)."""
         if self.kind == "pipedream":
@@ -253,3 +260,21 @@ def attach_async(kind: str, *, config: PipelineConfig, layout: Layout, rank: int
                          updates=updates,
                          checkpoint=config.checkpoint, vertical_sync=config.vertical_sync,
                          microbatches_per_step=config.total_microbatches)
+
+
+def refuse_ties(name: str, ties: Sequence[Any]) -> None:
+    """Refuse tied weights under an asynchronous schedule.
+
+    Example:
+        >>> refuse_ties("1f1b", [((0, "w"), (3, "w"))])   # synchronous: fine
+
+    Raises:
+        ValueError: ``name`` is asynchronous and ``ties`` is not empty.
+    """
+    if name in ASYNC_SCHEDULES and ties:
+        raise ValueError(
+            f"schedule {name!r} cannot train tied weights {list(ties)}: its stages update at "
+            "different times, so the copies of a tied weight on two stages would be different "
+            "versions; fix: untie them (e.g. GPTConfig(tie_embeddings=False)) or a synchronous "
+            "schedule such as '1f1b'"
+        )

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipetrain.api.async_training import AsyncTraining, attach_async
+from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
@@ -115,13 +115,7 @@ class Pipeline:
         self.device = context.device if context is not None else torch.device("cpu")
         self.loss_fn = loss_fn
         self.schedule_name = canonical_name(config.schedule)
-        if self.schedule_name in ASYNC_SCHEDULES and ties:
-            raise ValueError(
-                f"schedule {self.schedule_name!r} cannot train tied weights {list(ties)}: its "
-                "stages update at different times, so the copies of a tied weight on two stages "
-                "would be different versions; fix: untie them (e.g. GPTConfig(tie_embeddings="
-                "False)) or a synchronous schedule such as '1f1b'"
-            )
+        refuse_ties(self.schedule_name, ties)
         self.layout = Layout.create(config, num_layers=len(layers))
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
         self.num_replicas = self.layout.replica_counts[self.pipeline_rank]
@@ -226,8 +220,12 @@ class Pipeline:
 
     def schedule(self, num_microbatches: int | None = None, *, training: bool = True) -> Schedule:
         """The validated schedule of a step of ``num_microbatches`` micro-batches (all
-        replicas together; default: a full step's), every rank's action list."""
+        replicas together; default: a full step's), every rank's action list. For an
+        asynchronous schedule: a step in the steady state, as ``train_step`` runs it
+        (:func:`~pipetrain.schedule.steady_state.step_window`)."""
         total = self.config.total_microbatches if num_microbatches is None else num_microbatches
+        if self.async_state is not None and training:
+            return self.async_state.step_schedule(total)
         return self._schedules.get(self.schedule_name if training else "forward", total)
 
     def guard(self) -> AbstractContextManager[None]:

@@ -20,7 +20,7 @@ from pipetrain.schedule.execution import TimedAction, execute
 from pipetrain.schedule.lowering import add_communication
 from pipetrain.schedule.program import Schedule
 
-__all__ = ["SteadyState", "steady_state", "window_time"]
+__all__ = ["SteadyState", "steady_state", "step_window", "window_time"]
 
 _SENDER = {Op.RECV_FORWARD: (Op.SEND_FORWARD, -1), Op.RECV_BACKWARD: (Op.SEND_BACKWARD, 1)}
 
@@ -83,6 +83,21 @@ def window_time(stream: AsyncStream, count: int, costs: Costs, *, warm: int = 2)
         >>> window_time(AsyncStream("pipedream", [1, 1, 1, 1]), 8, Costs())
         3.375
     """
+    step = step_window(stream, count, warm=warm)
+    timeline = execute(step, costs.per_stage(step.num_stages)).timeline
+    return max(t.end for t in timeline) / count
+
+
+def step_window(stream: AsyncStream, count: int, *, warm: int = 2) -> Schedule:
+    """The training step of ``count`` micro-batches after ``warm`` others, as a schedule
+    with its messages; receives whose message an earlier step sent are left out (it is
+    there when the step starts), sends received by a later step stay. Advances ``stream``.
+
+    Example:
+        >>> print(step_window(AsyncStream("pipedream", [1, 1]), 2))
+        rank 0: 0F4v3 0SF4v3 0B3v2 0STEPv4 0F5v4 0SF5v4 0RB4v3 0B4v3 0STEPv5
+        rank 1: 1RF4v4 1F4v4 1B4v4 1SB4v4 1STEPv5 1RF5v5 1F5v5 1B5v5 1SB5v5 1STEPv6
+    """
     for _ in range(warm):
         stream.window(count)
     schedule = add_communication(Schedule(
@@ -92,10 +107,8 @@ def window_time(stream: AsyncStream, count: int, costs: Costs, *, warm: int = 2)
         replicas=stream.groups if max(stream.replicas) > 1 else (),
     ))
     sent = {(a.op, a.stage, a.microbatch) for acts in schedule.actions for a in acts}
-    here = schedule.replace_actions([
+    return schedule.replace_actions([
         [a for a in acts if a.op not in _SENDER
          or (_SENDER[a.op][0], a.stage + _SENDER[a.op][1], a.microbatch) in sent]
         for acts in schedule.actions
     ])
-    timeline = execute(here, costs.per_stage(here.num_stages)).timeline
-    return max(t.end for t in timeline) / count
