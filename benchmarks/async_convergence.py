@@ -13,10 +13,8 @@ each), from the same weights on the same batches:
 - ``pipedream`` and ``2bw``: asynchronous (no flush; one update per micro-batch, resp.
   per step with a one-step delay). They train the GPT with untied embeddings and without
   clipping, as ``pipetrain train --schedule pipedream|2bw`` does. PipeDream applies
-  ``M`` updates per step; its peak learning rate is the others' times
-  ``--pipedream-lr-scale`` (default ``1 / M``: each micro-batch's update is as large as
-  a step's share of it; with the peak learning rate itself, AdamW moves the weights
-  ``M`` times as far per step).
+  ``M`` updates per step, with the same learning rate by default (``--pipedream-lr-scale``
+  multiplies it; ``1 / M`` makes each update the size of a step's share of one).
 
 The three runners take their steps in turn (interleaved: step ``t`` of every runner runs
 before step ``t + 1`` of any), so the machine's load falls on all alike. Each step is
@@ -134,8 +132,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
     parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (default 1e-2)")
     parser.add_argument("--warmup", type=int, default=50, help="warm-up steps (default 50)")
-    parser.add_argument("--pipedream-lr-scale", type=float, default=None,
-                        help="PipeDream's peak LR = --lr times this (default 1/M)")
+    parser.add_argument("--pipedream-lr-scale", type=float, default=1.0,
+                        help="PipeDream's peak LR = --lr times this (default 1)")
     parser.add_argument("--two-bw-lr-scale", type=float, default=1.0,
                         help="2BW's peak LR = --lr times this (default 1)")
     parser.add_argument("--clip", type=float, default=1.0,
@@ -155,8 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {
         "steps": args.steps, "stages": args.stages, "microbatches": args.microbatches,
         "batch_size": args.batch_size, "lr": args.lr, "warmup": min(args.warmup, args.steps),
-        "lr_scale": {"pipedream": (1.0 / args.microbatches if args.pipedream_lr_scale is None
-                                   else args.pipedream_lr_scale), "2bw": args.two_bw_lr_scale},
+        "lr_scale": {"pipedream": args.pipedream_lr_scale, "2bw": args.two_bw_lr_scale},
         "clip": args.clip if args.clip > 0 else None,
         "skip": min(args.skip, max(args.steps - 1, 0)), "val_batches": args.val_batches,
         "runners": [r for r in args.runners.split(",") if r],
