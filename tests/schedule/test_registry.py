@@ -35,6 +35,8 @@ def _admitted(name: str) -> list[tuple[int, int, int]]:
         return [(k, m, 2) for k, m in sizes()]
     if name == "forward":
         return [(k, m, v) for k, m in sizes() for v in (1, 2)]
+    if name == "2bw":  # a step's micro-batches reach a stage after the last step's
+        return [(k, m, 1) for k, m in sizes() if m >= k - 1]
     return [(k, m, 1) for k, m in sizes()]
 
 
@@ -78,7 +80,7 @@ def test_compact_form_round_trips(name: str) -> None:
 
 def test_names_and_aliases() -> None:
     assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1",
-                              "zb-h2", "zb-v", "dualpipe-v", "forward")
+                              "zb-h2", "zb-v", "dualpipe-v", "pipedream", "2bw", "forward")
     assert {alias: canonical_name(alias) for alias in SCHEDULE_ALIASES} == {
         "pipedream-flush": "1f1b",
         "interleaved": "interleaved-1f1b",
@@ -88,6 +90,7 @@ def test_names_and_aliases() -> None:
         "dualpipev": "dualpipe-v",
         "forward-only": "forward",
         "inference": "forward",
+        "pipedream-2bw": "2bw",
     }
     assert canonical_name("ZB_H1") == "zb-h1"
     assert get_generator("pipedream-flush") is one_f_one_b
@@ -98,7 +101,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
         match=r"unknown schedule 'gpip'; known schedules: gpipe, 1f1b, interleaved-1f1b, "
-        r"looped-bfs, zb-h1, zb-h2, zb-v, dualpipe-v, forward",
+        r"looped-bfs, zb-h1, zb-h2, zb-v, dualpipe-v, pipedream, 2bw, forward",
     ):
         build_schedule("gpip", num_ranks=2, num_microbatches=2)
 
@@ -119,7 +122,7 @@ def test_placements_and_stages_per_rank() -> None:
     assert schedule_placement("zb-v", 3, 2) == v_placement(3) == (0, 1, 2, 2, 1, 0)
     assert schedule_placement("dualpipev", 2, 2) == (0, 1, 1, 0)
     assert schedule_placement("looped-bfs", 2, 3) == (0, 1, 0, 1, 0, 1)
-    assert [default_stages_per_rank(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 2, 1, 1, 2, 2, 1]
+    assert [default_stages_per_rank(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 2, 1, 1, 2, 2, 1, 1, 1]
     assert stages_per_rank_range("bfs") == (2, None)
     for name in ("zb-v", "dualpipe-v"):
         built = build_schedule(name, num_ranks=3, num_microbatches=6, stages_per_rank=2)

@@ -6,6 +6,11 @@ run with any other number of stages or replicas. The step, the LR schedulers, fp
 loss scale and the caller's extra state (data position, ...) travel with it. Random streams are a function
 of (seed, step), so restoring the step restores them.
 
+An asynchronous schedule's pipeline is drained before a save (``Pipeline.save`` does it),
+so nothing is in flight; the checkpoint records how many micro-batches and steps ran
+(their numbering continues, and with it the weight versions and random streams) and, for
+2BW, the previous weight version the next step computes with (``stash.<name>``).
+
 A save is atomic: it is written to ``PATH.partial`` and renamed over ``PATH`` only when
 every rank has finished, so an interrupted save never destroys the previous checkpoint.
 A save also survives whatever an earlier interrupted save left behind (a stale
@@ -22,7 +27,9 @@ import shutil
 import warnings
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -52,11 +59,16 @@ class Checkpointable(Protocol):
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def _names(pipeline: Checkpointable) -> dict[int, str]:
+    return {id(p): name for name, p in pipeline.model.named_parameters(remove_duplicate=False)}
+
+
 def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, Any]:
     optimizers = list(pipeline.optimizers.optimizers.values())
     schedulers = pipeline.optimizers.schedulers
     scaler = getattr(pipeline.optimizers, "scaler", None)
-    return {
+    asynchronous = getattr(pipeline, "async_state", None)
+    state = {
         "model": pipeline.model.state_dict(),
         "optim": get_optimizer_state_dict(pipeline.model, optimizers, options=_OPTIONS),
         # one opaque leaf: DCP would flatten a dict and then demand the same keys on load
@@ -66,9 +78,14 @@ def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, 
                 "scheduler": next(iter(schedulers.values())).state_dict() if schedulers else None,
                 "loss_scale": scaler.state_dict() if scaler is not None else None,
                 "extra": extra,
+                "async": asynchronous.meta() if asynchronous is not None else None,
             }
         ),
     }
+    stash = asynchronous.tensors(_names(pipeline)) if asynchronous is not None else {}
+    if stash:
+        state["stash"] = stash
+    return state
 
 
 def is_complete(path: str | os.PathLike[str]) -> bool:
@@ -169,6 +186,14 @@ def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dic
         )
     path = found
     state = _state(pipeline, None)
+    asynchronous = getattr(pipeline, "async_state", None)
+    names = _names(pipeline)
+    if asynchronous is not None:  # 2BW's previous version, where the checkpoint has one
+        saved = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+        state["stash"] = {name: torch.empty_like(p.detach()) for name, p in
+                          pipeline.model.named_parameters() if f"stash.{name}" in saved}
+        if not state["stash"]:
+            del state["stash"]
     dcp_load(state, checkpoint_id=path)
     pipeline.model.load_state_dict(state["model"])
     optimizers = list(pipeline.optimizers.optimizers.values())
@@ -181,6 +206,8 @@ def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dic
     scaler = getattr(pipeline.optimizers, "scaler", None)
     if meta.get("loss_scale") is not None and scaler is not None:
         scaler.load_state_dict(meta["loss_scale"])
+    if asynchronous is not None:
+        asynchronous.restore(meta.get("async"), state.get("stash", {}), names, step=pipeline.step)
     extra: dict[str, Any] | None = meta.get("extra")
     return extra
 

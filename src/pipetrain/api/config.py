@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
 from pipetrain.api.user_schedule import (
     is_schedule_file,
@@ -17,6 +18,7 @@ from pipetrain.api.user_schedule import (
 from pipetrain.checkpoint import CHECKPOINT_MODES
 from pipetrain.runtime.precision import LossScaling, precision_problem
 from pipetrain.schedule import (
+    ASYNC_SCHEDULES,
     TRAINING_SCHEDULES,
     Schedule,
     canonical_name,
@@ -48,7 +50,8 @@ class PipelineConfig:
     schedule: str | os.PathLike[str] | Schedule = "1f1b"
     """One of :data:`~pipetrain.schedule.TRAINING_SCHEDULES` (``gpipe``, ``1f1b``,
     ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zb-h2``, ``zb-v``,
-    ``dualpipe-v``, or an alias); or a user schedule: a
+    ``dualpipe-v``, or an alias), an asynchronous one, ``pipedream`` or ``2bw`` (no
+    flush; see :mod:`pipetrain.api.async_training`); or a user schedule: a
     :class:`~pipetrain.schedule.Schedule` or the path of a schedule file (see
     :mod:`pipetrain.api.user_schedule`)."""
     num_stages: int = 2
@@ -104,6 +107,9 @@ class PipelineConfig:
     blocked in a call that cannot see it: a collective, a wait on a peer that froze
     without closing its connections). ``None`` (default): such calls end at their own
     timeout (:attr:`timeout`); the process is never ended behind the caller's back."""
+    vertical_sync: bool = False
+    """``pipedream`` only: every stage runs a micro-batch with the weight version the input
+    stage used for it (PipeDream's vertical sync)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
     _user_schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -190,7 +196,7 @@ def _stage_replica_problems(counts: tuple[Any, ...], v: Mapping[str, Any], name:
         if v["stages_per_rank"] != 1:
             found.append(f"{say('stage_replicas', counts)} differ between ranks, which needs "
                          f"{say('stages_per_rank', 1)}")
-        if name and name not in REPLICATED_SCHEDULES:
+        if name and name not in REPLICATED_SCHEDULES and name not in ASYNC_SCHEDULES:
             found.append(f"{say('stage_replicas', counts)} differ between ranks, which schedule "
                          f"{name!r} cannot run; fix: {say('schedule', '1f1b')} or "
                          f"{say('schedule', 'gpipe')}")
@@ -279,6 +285,7 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         found.append(f"{say('timeout', timeout)} must be a positive number of seconds, e.g. "
                      f"{say('timeout', 300.0)}")
+    found.extend(async_problems(v, name, say))
     found.extend(v["extra_problems"])
     return found
 

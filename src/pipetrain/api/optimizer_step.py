@@ -161,12 +161,19 @@ class StageOptimizers:
         for stage in self.stage_params:
             if stage not in self._pending:
                 self.reduce(stage)  # a schedule without REDUCE actions
-        for pending in self._pending.values():
-            for work in pending.works:
-                work.wait()
-            for finish in pending.finish:
-                finish()
-        self._pending.clear()
+        for stage in list(self._pending):
+            self.finish_reduction(stage)
+
+    def finish_reduction(self, stage: int) -> None:
+        """Wait for the all-reduce :meth:`reduce` started for ``stage`` (if any) and put
+        the summed gradients in place."""
+        pending = self._pending.pop(stage, None)
+        if pending is None:
+            return
+        for work in pending.works:
+            work.wait()
+        for finish in pending.finish:
+            finish()
 
     # -- STEP ---------------------------------------------------------------------------
     def _own_params(self) -> list[nn.Parameter]:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
@@ -36,7 +37,7 @@ from pipetrain.api.pipeline_stages import (
     model_skip_layout,
     stage_parameters,
 )
-from pipetrain.api.step_batches import StepSplitter
+from pipetrain.api.step_batches import StepBatches, StepSplitter
 from pipetrain.api.step_schedules import StepSchedules
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.frontend import CapturedModel
@@ -50,7 +51,7 @@ from pipetrain.runtime.precision import LossScaler, autocast_dtype
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
 from pipetrain.runtime.stage import LossFn
-from pipetrain.schedule import Action, Schedule, TimedAction
+from pipetrain.schedule import ASYNC_SCHEDULES, Action, Schedule, TimedAction
 
 __all__ = ["Pipeline"]
 
@@ -143,6 +144,7 @@ class Pipeline:
         self.rank = dist.get_rank()
         self.loss_fn = loss_fn
         self.schedule_name = config.schedule_name
+        refuse_ties(self.schedule_name, ties)
         self.layout = Layout.create(config, num_layers=len(layers))
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
         self.num_replicas = self.layout.replica_counts[self.pipeline_rank]
@@ -196,10 +198,13 @@ class Pipeline:
                                       exit_after=config.exit_when_stuck)
         # tensors travel on the job's backend from device to device; headers on gloo: the
         # job's group, or (NCCL) a gloo group of their own and one NCCL group per direction
-        # of each link (see runtime.distributed)
+        # of each link (see runtime.distributed). An asynchronous pipeline gets a gloo group
+        # of its own too: its receives stay posted between steps, and another pipeline's
+        # messages on the same group would land in them
         placement = self.layout.placement()
         on_gloo = dist.get_backend() == "gloo"
-        header_group = None if on_gloo else dist.new_group(backend="gloo")
+        own = not on_gloo or self.schedule_name in ASYNC_SCHEDULES
+        header_group = dist.new_group(backend="gloo") if own else None
         on_device = not on_gloo and self.device.type != "cpu"  # else all of it on gloo
         data_groups = link_groups(placement, rank=self.rank) if on_device else {}
         inbound, outbound = self.layout.channels(self.pipeline_rank)
@@ -223,6 +228,13 @@ class Pipeline:
             transport=self.transport,
             hooks=self.optimizers,
         )
+        self.async_state: AsyncTraining | None = None
+        """The stream, weight versions and updates of an asynchronous schedule (see
+        :mod:`pipetrain.api.async_training`); ``None`` for the synchronous ones."""
+        if self.schedule_name in ASYNC_SCHEDULES:
+            self.async_state = attach_async(self.schedule_name, config=config, layout=self.layout,
+                                            rank=self.rank, executor=self.executor,
+                                            optimizers=self.optimizers)
         self.step = 0
         """Training steps taken (restored by :meth:`load`)."""
         self.last_timeline: list[TimedAction] = []
@@ -249,8 +261,12 @@ class Pipeline:
 
     def schedule(self, num_microbatches: int | None = None, *, training: bool = True) -> Schedule:
         """The validated schedule of a step of ``num_microbatches`` micro-batches (all
-        replicas together; default: a full step's), every rank's action list."""
+        replicas together; default: a full step's), every rank's action list. For an
+        asynchronous schedule: a step in the steady state, as ``train_step`` runs it
+        (:func:`~pipetrain.schedule.steady_state.step_window`)."""
         total = self.config.total_microbatches if num_microbatches is None else num_microbatches
+        if self.async_state is not None and training:
+            return self.async_state.step_schedule(total)
         return self._schedules.get(self.schedule_name if training else "forward", total)
 
     def guard(self) -> AbstractContextManager[None]:
@@ -262,7 +278,8 @@ class Pipeline:
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:
         self.last_timeline = []
         self.last_step_start = time.time()
-        self._streams.seed = mix_seed(self.config.seed, self.step)
+        # asynchronous: micro-batches are numbered across steps (the key of their streams)
+        self._streams.seed = mix_seed(self.config.seed, self.step if self.async_state is None else -1)
         origin = time.perf_counter()
         try:
             with self.guard():
@@ -271,6 +288,8 @@ class Pipeline:
             if self._monitor is not None:
                 self._monitor.report_error(error)
             self.executor.reset()
+            if self.async_state is not None:
+                self.async_state.fail(error)
             raise
 
     def _mean_loss(self, io: StepIO) -> float:
@@ -295,12 +314,19 @@ class Pipeline:
         finite) is skipped on every stage and lowers the loss scale, without an error
         (:attr:`last_step_skipped` tells); :attr:`step` advances.
 
+        With an asynchronous schedule (``pipedream``, ``2bw``) there is no flush: the step
+        admits its micro-batches and runs the backwards and updates that interleave with
+        them, leaving the last ones in flight until the next step (or :meth:`drain`); it
+        returns its own batch's mean loss (see :mod:`pipetrain.api.async_training`).
+
         Raises:
             NonFiniteError: the loss or the global gradient norm is not finite (with
                 ``nonfinite='error'``); no stage applied the update and :attr:`step`
                 did not advance.
         """
         batches = self._splitter.train(inputs, targets)
+        if self.async_state is not None:
+            return self._train_async(self.async_state, batches)
         n = len(batches.inputs)
         scaler = self.optimizers.scaler
         loss_scale = 1.0 if scaler is None else scaler.scale  # fp16: backward of S x loss
@@ -328,6 +354,28 @@ class Pipeline:
         self.step += 1
         return loss
 
+    def _train_async(self, state: AsyncTraining, batches: StepBatches) -> float:
+        if state.needs_drain(len(batches.inputs)):
+            self.drain()
+        actions, io = state.window(batches)
+        for module in self.layers.values():
+            module.train()
+        self._run(actions, io)
+        state.weigh(io)
+        loss = self._mean_loss(io)
+        self.step += 1
+        return loss
+
+    def drain(self) -> None:
+        """Asynchronous schedules: run the backwards and updates of the micro-batches still
+        in flight, a flush (every rank calls it; :meth:`save` does). Nothing otherwise."""
+        if self.async_state is None or not self.async_state.in_flight:
+            return
+        actions, io = self.async_state.drain()
+        for module in self.layers.values():
+            module.train()
+        self._run(actions, io)
+
     def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
         """Forward only. With ``targets``: the mean loss (every rank). Without: the model's
         output for the whole batch, on the first rank of the last stage (every rank if
@@ -352,7 +400,9 @@ class Pipeline:
 
     def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint
-        (every rank calls it); see :mod:`pipetrain.api.checkpointing`."""
+        (every rank calls it); see :mod:`pipetrain.api.checkpointing`. An asynchronous
+        schedule drains first."""
+        self.drain()
         save_pipeline(self, path, extra=extra)
 
     def load(self, path: str) -> dict[str, Any] | None:

@@ -65,6 +65,7 @@ class StepSchedules:
                 reduce=training,
                 replicas=counts if max(counts) > 1 else None,
                 placement=None if training else self.layout.stage_to_rank,
+                vertical_sync=self.config.vertical_sync and name == "pipedream",
             )
         return self._built[key]
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from pipetrain.schedule import (
+    ASYNC_SCHEDULES,
     SCHEDULE_NAMES,
     Costs,
     Schedule,
@@ -20,6 +21,8 @@ from pipetrain.schedule import (
     simulate,
     validate,
 )
+from pipetrain.schedule.async_stream import AsyncStream
+from pipetrain.schedule.steady_state import steady_state, window_time
 
 __all__ = ["add_parser", "run"]
 
@@ -62,6 +65,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
              "the sender busy), reduce, step; e.g. forward=1,backward=2,communication=0.1,"
              "send=0.05; per stage: forward=1:1:2",
     )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"steps of M micro-batches for the asynchronous schedules ({', '.join(ASYNC_SCHEDULES)}; "
+             "default 4): they stream without flushes, and the figures show their steady state",
+    )
+    parser.add_argument("--vertical-sync", action="store_true",
+                        help="pipedream: every stage uses the input stage's weight version")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the timeline to a PNG")
     parser.set_defaults(run=run)
@@ -84,12 +97,18 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if missing:
         raise ValueError(f"{' and '.join(missing)} needed with schedule {name!r} (a schedule "
                          f"file sets them); e.g. --stages 4 --microbatches 8")
+    asynchronous = name in ASYNC_SCHEDULES
+    if not asynchronous and (args.steps is not None or args.vertical_sync):
+        raise ValueError(f"--steps and --vertical-sync are for {', '.join(ASYNC_SCHEDULES)}, "
+                         f"not {name}")
+    steps = (4 if args.steps is None else args.steps) if asynchronous else 1
     return build_schedule(
         name,
         num_ranks=args.stages,
         num_microbatches=args.microbatches,
         stages_per_rank=default_stages_per_rank(name) if args.virtual is None else args.virtual,
         communication=False,
+        **({"num_steps": steps, "vertical_sync": args.vertical_sync} if asynchronous else {}),
     )
 
 
@@ -102,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 ("--stages", args.stages),
                 ("--microbatches", args.microbatches),
                 ("--virtual", args.virtual),
+                ("--steps", args.steps),
             )
             if value is not None and value < 1
         ]
@@ -111,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         schedule = _schedule(args)
         name, virtual = schedule.name, schedule.num_stages // schedule.num_ranks
         result = simulate(schedule, costs)
+        steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
+        steps = 4 if args.steps is None else args.steps  # of an asynchronous schedule
     except (OSError, ValueError) as error:
         sys.stderr.write(f"pipetrain simulate: error: {error}\n")
         return 2
@@ -133,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             "costs": costs.to_dict(),
             **result.to_dict(timeline=False),
         }
+        if steady is not None:
+            data.update(steps=steps, vertical_sync=args.vertical_sync, **steady)
         sys.stdout.write(json.dumps(data) + "\n")
         return 0
     peaks = ", ".join(str(p) for p in result.peak_activations)
@@ -149,4 +173,30 @@ def run(args: argparse.Namespace) -> int:
         + (f" Timeline written to {args.plot}." if args.plot else "")
         + "\n"
     )
+    if steady is not None:
+        sys.stdout.write(
+            f"steady state: one micro-batch every {steady['steady_per_microbatch']:g} "
+            f"({steps} steps of {args.microbatches} without flushes: "
+            f"{steady['average_per_microbatch']:g} per micro-batch, fill and drain included); "
+            f"1f1b with a flush every {args.microbatches} micro-batches: "
+            f"{steady['one_f_one_b_per_microbatch']:g} per micro-batch "
+            f"({steady['speedup_over_1f1b']:.2f}x). Pipeline.train_step ends each step on "
+            f"every rank together: {steady['per_microbatch_in_steps']:g} per micro-batch "
+            f"({steady['one_f_one_b_per_microbatch'] / steady['per_microbatch_in_steps']:.2f}x "
+            "1f1b).\n"
+        )
     return 0
+
+
+def _steady(schedule: Any, result: Any, costs: Costs, args: argparse.Namespace) -> dict[str, float]:
+    """The steady state of an asynchronous run, and 1F1B's cost per micro-batch."""
+    state = steady_state(schedule, result.timeline)
+    flushed = simulate(build_schedule("1f1b", num_ranks=args.stages,
+                                      num_microbatches=args.microbatches, communication=False),
+                       costs)
+    per_microbatch = flushed.makespan / args.microbatches
+    stream = AsyncStream(schedule.name, [1] * args.stages, vertical_sync=args.vertical_sync)
+    return {"steady_per_microbatch": state.steady, "average_per_microbatch": state.average,
+            "one_f_one_b_per_microbatch": per_microbatch,
+            "speedup_over_1f1b": state.speedup_over(per_microbatch),
+            "per_microbatch_in_steps": window_time(stream, args.microbatches, costs)}

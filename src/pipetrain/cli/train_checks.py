@@ -19,6 +19,7 @@ from pipetrain.cli.train_layout import layout_problems
 from pipetrain.cli.train_options import (
     MODEL_OPTIONS,
     RUN_OPTIONS,
+    asynchronous,
     flag,
     pipeline_fields,
     stages_per_rank,
@@ -101,7 +102,7 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     from pipetrain.api.config import config_problems
     from pipetrain.data import load_corpus
 
-    problems = layout_problems(args)
+    problems = layout_problems(args) + _async_problems(args)
     if args.plan is None:
         problems += config_problems(pipeline_fields(args), spell=flag)
     if args.width % args.heads:
@@ -155,6 +156,25 @@ def _schedule_file(args: argparse.Namespace) -> None:
             setattr(args, option, value)
 
 
+def _async_problems(args: argparse.Namespace) -> list[str]:
+    """``--clip`` and ``--nonfinite`` given with an asynchronous schedule."""
+    if not asynchronous(args):
+        return []
+    problems = []
+    if "clip" in args.given and args.clip > 0:
+        problems.append(
+            f"--clip {args.clip:g} with --schedule {args.schedule}: its stages update on their own, "
+            "at their own times, so no update has a gradient norm over all stages to clip by; "
+            "fix: leave out --clip")
+    if "nonfinite" in args.given:
+        problems.append(
+            f"--nonfinite {args.nonfinite} with --schedule {args.schedule}: its stages apply their "
+            "updates at different times, before the step's loss is known everywhere, so a step "
+            "cannot be refused or skipped whole; fix: leave out --nonfinite (the losses show a "
+            "non-finite step)")
+    return problems
+
+
 def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
     """Resolve a resume into ``args`` (in place) and find every problem with the options.
 
@@ -164,5 +184,12 @@ def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
     problems: list[str] = []
     resume = _resume(args, problems) if args.resume is not None else None
     _schedule_file(args)
+    if resume is not None and "schedule" in resume.changes:
+        old, new = resume.changes["schedule"]
+        if asynchronous(argparse.Namespace(schedule=old)) != asynchronous(args):
+            problems.append(
+                f"--schedule {new} differs from the resumed run's --schedule {old} in kind: the "
+                "asynchronous schedules train the GPT with untied embeddings, the synchronous "
+                f"ones with tied embeddings; fix: leave out --schedule, or --schedule {old}")
     problems.extend(_option_problems(args))
     return resume, problems

@@ -18,6 +18,7 @@ __all__ = [
     "MODEL_OPTIONS",
     "RUN_OPTIONS",
     "add_train_arguments",
+    "asynchronous",
     "flag",
     "gpt_config",
     "pipeline_config",
@@ -48,6 +49,7 @@ FLAGS = {
     "num_heads": "--heads",
     "context": "--context",
     "dropout": "--dropout",
+    "vertical_sync": "--vertical-sync",
 }
 """The command-line flag of each configuration field (PipelineConfig, GPTConfig)."""
 
@@ -60,6 +62,8 @@ def flag(name: str, value: Any) -> str:
         ('--stages 4', '--batch-size 8')
     """
     option = FLAGS.get(name, "--" + name.replace("_", "-"))
+    if isinstance(value, bool):  # an on/off flag
+        return option if value else f"without {option}"
     return f"{option} {value}"
 
 
@@ -70,6 +74,18 @@ class _Given(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
         namespace.given = set(getattr(namespace, "given", ())) | {self.dest}
+
+
+class _GivenFlag(_Given):
+    """An on/off flag: True when given (and remembered as given)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["nargs"] = 0
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, True, option_string)
 
 
 def _number(kind: Callable[[str], Any], *, low: float, strict: bool, what: str) -> Callable[[str], Any]:
@@ -117,7 +133,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(layout, "--schedule", default="1f1b", metavar="NAME|FILE",
         help=f"{', '.join(TRAINING_SCHEDULES)} (default 1f1b), or a schedule file (one rank "
              "per line, as print(schedule) writes it; it sets --stages, --virtual and "
-             "--microbatches unless given)")
+             "--microbatches unless given); pipedream and 2bw are asynchronous (no flush; "
+             "docs/asynchronous.md): they train the GPT with untied embeddings, without "
+             "--clip, and never skip a step")
+    layout.add_argument("--vertical-sync", action=_GivenFlag, default=False,
+                        help="pipedream: every stage runs a micro-batch with the weight version "
+                             "the first stage used for it")
     add(layout, "--virtual", type=_positive_int, default=None,
         help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
              "dualpipe-v place exactly 2")
@@ -183,8 +204,28 @@ def stages_per_rank(args: argparse.Namespace) -> int:
         return 1
 
 
+def asynchronous(args: argparse.Namespace) -> bool:
+    """Whether ``--schedule`` is an asynchronous schedule (pipedream, 2bw)."""
+    from pipetrain.schedule import ASYNC_SCHEDULES, canonical_name
+
+    try:
+        return canonical_name(args.schedule) in ASYNC_SCHEDULES
+    except ValueError:
+        return False
+
+
 def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~pipetrain.api.config.PipelineConfig` fields the options set."""
+    """The :class:`~pipetrain.api.config.PipelineConfig` fields the options set (an
+    asynchronous schedule clips nothing and applies every update: ``--clip`` and
+    ``--nonfinite`` are refused with it, see :mod:`.train_checks`)."""
+    clip = args.clip if args.clip > 0 else None
+    if asynchronous(args):
+        return {**_fields(args), "clip_grad_norm": None, "nonfinite": "ignore",
+                "vertical_sync": bool(args.vertical_sync)}
+    return {**_fields(args), "clip_grad_norm": clip, "vertical_sync": bool(args.vertical_sync)}
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "schedule": args.schedule,
         "num_stages": args.stages,
@@ -192,7 +233,6 @@ def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
         "num_microbatches": args.microbatches,
         "replicas": args.replicas,
         "checkpoint": args.checkpoint,
-        "clip_grad_norm": args.clip if args.clip > 0 else None,
         "seed": args.seed,
         "timeout": args.timeout,
         "nonfinite": args.nonfinite,
@@ -215,7 +255,8 @@ def gpt_config(args: argparse.Namespace) -> Any:
     from pipetrain.models import GPTConfig
 
     return GPTConfig(context=args.context, num_layers=args.layers, width=args.width,
-                     num_heads=args.heads, dropout=args.dropout)
+                     num_heads=args.heads, dropout=args.dropout,
+                     tie_embeddings=not asynchronous(args))
 
 
 def recorded(args: argparse.Namespace, names: Sequence[str] = ()) -> dict[str, Any]:

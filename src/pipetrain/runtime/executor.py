@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,10 +27,19 @@ from pipetrain.runtime.stage import LOSS_NOTE, StageCompute
 from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Placement, Transport, handoff
 from pipetrain.schedule import Action, Op, TimedAction
 
-__all__ = ["Placement", "RankExecutor", "StepHooks", "StepIO", "describe_value"]
+__all__ = ["Placement", "RankExecutor", "StepHooks", "StepIO", "VersionHooks", "describe_value"]
 
 
 _NOTE = "pipetrain: raised by rank"
+_WEIGHTED = (Op.FORWARD, Op.BACKWARD, Op.RECV_BACKWARD)
+"""Actions that compute with a stage's weights (a receive of gradients recomputes)."""
+
+
+class VersionHooks(Protocol):
+    """A stage's weight versions (:class:`~pipetrain.runtime.weight_versions.StageVersions`)."""
+
+    def computing(self, op: Op, microbatch: int, version: int | None) -> AbstractContextManager[None]:
+        """A block in which ``op`` of ``microbatch`` runs with its weight version."""
 
 
 class StepHooks(Protocol):
@@ -105,6 +115,7 @@ class RankExecutor:
         stages: Mapping[int, StageCompute],
         transport: Transport,
         hooks: StepHooks | None = None,
+        versions: Mapping[int, VersionHooks] | None = None,
     ) -> None:
         self.rank = rank
         self.placement = placement
@@ -112,9 +123,12 @@ class RankExecutor:
         self.stages = dict(stages)
         self.transport = transport
         self.hooks = hooks
+        self.versions = dict(versions or {})
+        """Per stage, its weight versions (asynchronous schedules; empty otherwise)."""
         self._inbox: dict[tuple[str, int, int], Any] = {}
         self._outbox: dict[tuple[str, int, int], Any] = {}
         self._explicit = True
+        self._preposted: set[tuple[Channel, int]] = set()
         self._last_input: Any = None
         self._in_loss = False
 
@@ -123,6 +137,21 @@ class RankExecutor:
         return 0 <= stage < self.num_stages and self.placement.rank(stage, microbatch) == self.rank
 
     def _announce(self, actions: Sequence[Action], key_offset: int) -> None:
+        for channel, microbatches in self._expected(actions, key_offset).items():
+            fresh = [i for i in microbatches if (channel, i) not in self._preposted]
+            self._preposted.difference_update((channel, i) for i in microbatches)
+            if fresh:
+                self.transport.expect(channel, fresh)
+
+    def expect_ahead(self, actions: Sequence[Action], *, key_offset: int = 0) -> None:
+        """Post now the receives of ``actions`` of a later run whose messages are sent
+        before it starts (an asynchronous schedule's next step); that run does not post
+        them again."""
+        for channel, microbatches in self._expected(actions, key_offset).items():
+            self.transport.expect(channel, microbatches)
+            self._preposted.update((channel, i) for i in microbatches)
+
+    def _expected(self, actions: Sequence[Action], key_offset: int) -> dict[Channel, list[int]]:
         expected: dict[Channel, list[int]] = defaultdict(list)
         for a in actions:
             j, i = a.stage, a.microbatch
@@ -138,8 +167,7 @@ class RankExecutor:
                 and not self._local(j + 1, i)
             ):
                 expected[Channel(GRADIENT, j + 1, j)].append(i + key_offset)
-        for channel, microbatches in expected.items():
-            self.transport.expect(channel, microbatches)
+        return expected
 
     def _receive(self, kind: str, stage: int, microbatch: int) -> Any:
         key = (kind, stage, microbatch)
@@ -177,7 +205,13 @@ class RankExecutor:
         for action in actions:
             start = clock()
             try:
-                self._dispatch(action, io)
+                versions = self.versions.get(action.stage) if action.op in _WEIGHTED else None
+                if versions is None or action.microbatch is None:
+                    self._dispatch(action, io)
+                else:
+                    with versions.computing(action.op, action.microbatch + io.key_offset,
+                                            action.version):
+                        self._dispatch(action, io)
             except BaseException as error:
                 # a neighbour's failure re-raised here (the thread transport wakes waiters
                 # with the same object) already names where it was raised
@@ -278,6 +312,7 @@ class RankExecutor:
         """Forget everything in flight (after a failed step)."""
         self._inbox.clear()
         self._outbox.clear()
+        self._preposted.clear()
         for stage in self.stages.values():
             stage.reset()
 

@@ -19,6 +19,7 @@ from pipetrain.schedule.actions import (
     parse_action,
     parse_actions,
 )
+from pipetrain.schedule.async_stream import ASYNC_SCHEDULES, AsyncStream
 from pipetrain.schedule.costs import Costs, StageCosts
 from pipetrain.schedule.dualpipe_v import dualpipe_v
 from pipetrain.schedule.execution import TimedAction
@@ -29,6 +30,7 @@ from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.looped_bfs import looped_bfs
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step, complete_lowering
 from pipetrain.schedule.one_f_one_b import one_f_one_b
+from pipetrain.schedule.pipedream import pipedream
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.registry import (
     SCHEDULE_ALIASES,
@@ -44,13 +46,17 @@ from pipetrain.schedule.registry import (
 )
 from pipetrain.schedule.schedule_file import load_schedule, parse_schedule
 from pipetrain.schedule.simulate import SimulationResult, simulate
+from pipetrain.schedule.steady_state import SteadyState, steady_state
 from pipetrain.schedule.timeline import render_timeline
+from pipetrain.schedule.two_bw import two_bw
 from pipetrain.schedule.validate import ScheduleError, find_problems, validate
+from pipetrain.schedule.versions import is_versioned, version_problems, versions_held
 from pipetrain.schedule.zb_h2 import zb_h2
 from pipetrain.schedule.zb_v import zb_v
 from pipetrain.schedule.zero_bubble import zb_h1
 
 __all__ = [
+    "ASYNC_SCHEDULES",
     "COMMUNICATION_OPS",
     "COMPUTE_OPS",
     "SCHEDULE_ALIASES",
@@ -58,12 +64,14 @@ __all__ = [
     "TRAINING_SCHEDULES",
     "V_SCHEDULES",
     "Action",
+    "AsyncStream",
     "Costs",
     "Op",
     "Schedule",
     "ScheduleError",
     "SimulationResult",
     "StageCosts",
+    "SteadyState",
     "TimedAction",
     "add_communication",
     "add_optimizer_step",
@@ -78,6 +86,7 @@ __all__ = [
     "get_generator",
     "gpipe",
     "interleaved_1f1b",
+    "is_versioned",
     "load_schedule",
     "loop_placement",
     "looped_bfs",
@@ -85,13 +94,18 @@ __all__ = [
     "parse_action",
     "parse_actions",
     "parse_schedule",
+    "pipedream",
     "render_grid",
     "render_timeline",
     "schedule_placement",
     "simulate",
     "stages_per_rank_range",
+    "steady_state",
+    "two_bw",
     "v_placement",
     "validate",
+    "version_problems",
+    "versions_held",
     "zb_h1",
     "zb_h2",
     "zb_v",

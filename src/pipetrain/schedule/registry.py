@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipetrain.schedule._args import check_counts
+from pipetrain.schedule.async_stream import ASYNC_SCHEDULES
 from pipetrain.schedule.dualpipe_v import dualpipe_v
 from pipetrain.schedule.forward_only import forward_only
 from pipetrain.schedule.gpipe import gpipe
@@ -12,14 +13,17 @@ from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.looped_bfs import looped_bfs
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step
 from pipetrain.schedule.one_f_one_b import one_f_one_b
+from pipetrain.schedule.pipedream import pipedream
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.replicated import replicated_pipeline, uniform_replicas
+from pipetrain.schedule.two_bw import two_bw
 from pipetrain.schedule.validate import validate
 from pipetrain.schedule.zb_h2 import zb_h2
 from pipetrain.schedule.zb_v import zb_v
 from pipetrain.schedule.zero_bubble import zb_h1
 
 __all__ = [
+    "ASYNC_SCHEDULES",
     "SCHEDULE_ALIASES",
     "SCHEDULE_NAMES",
     "TRAINING_SCHEDULES",
@@ -41,6 +45,8 @@ SCHEDULE_NAMES = (
     "zb-h2",
     "zb-v",
     "dualpipe-v",
+    "pipedream",
+    "2bw",
     "forward",
 )
 """The schedules :func:`build_schedule` knows, by their canonical name."""
@@ -57,6 +63,7 @@ SCHEDULE_ALIASES = {
     "dualpipev": "dualpipe-v",
     "forward-only": "forward",
     "inference": "forward",
+    "pipedream-2bw": "2bw",
 }
 """Other names accepted for the schedules."""
 
@@ -70,6 +77,8 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "zb-v": zb_v,
     "dualpipe-v": dualpipe_v,
     "forward": forward_only,
+    "pipedream": pipedream,
+    "2bw": two_bw,
 }
 
 V_SCHEDULES = ("zb-v", "dualpipe-v")
@@ -171,6 +180,8 @@ def build_schedule(
     reduce: bool = False,
     replicas: Sequence[int] | None = None,
     placement: Sequence[int] | None = None,
+    vertical_sync: bool = False,
+    num_steps: int = 1,
 ) -> Schedule:
     """Generate a schedule by name, lower it as asked, and validate it.
 
@@ -184,6 +195,11 @@ def build_schedule(
     and ``num_microbatches`` counts the micro-batches of all replicas together, dealt
     round-robin. The same count for every rank works with every schedule; different
     counts with ``gpipe``, ``1f1b`` and ``forward``.
+
+    The asynchronous schedules (:data:`ASYNC_SCHEDULES`: ``pipedream``, ``2bw``) run
+    ``num_steps`` steps of ``num_microbatches`` without flushes, then drain; their
+    ``STEP`` s (and ``REDUCE`` s, with replicas) are part of them, whatever
+    ``optimizer_step`` says. ``vertical_sync`` is ``pipedream``'s option.
 
     Example:
         >>> s = build_schedule("1f1b", num_ranks=2, num_microbatches=2, optimizer_step=True)
@@ -223,6 +239,13 @@ def build_schedule(
     if placement is not None and key != "forward":
         raise ValueError(f"placement={tuple(placement)} is for 'forward' only; {key} places "
                          "its stages itself")
+    if key in ASYNC_SCHEDULES:
+        return _asynchronous(key, num_ranks, num_microbatches, replicas=replicas,
+                             vertical_sync=vertical_sync, num_steps=num_steps,
+                             communication=communication)
+    if vertical_sync or num_steps != 1:
+        raise ValueError(f"vertical_sync and num_steps are options of the asynchronous schedules "
+                         f"({', '.join(ASYNC_SCHEDULES)}), not of {key!r}")
     if reduce and not optimizer_step:
         raise ValueError("reduce=True needs optimizer_step=True (the STEP waits for the REDUCE)")
     uneven = replicas is not None and len(set(replicas)) > 1
@@ -251,5 +274,27 @@ def build_schedule(
         schedule = add_communication(schedule)
     if optimizer_step:
         schedule = add_optimizer_step(schedule, reduce=reduce)
+    validate(schedule)
+    return schedule
+
+
+def _asynchronous(key: str, num_ranks: int, num_microbatches: int, *,
+                  replicas: Sequence[int] | None, vertical_sync: bool, num_steps: int,
+                  communication: bool) -> Schedule:
+    """The validated schedule of an asynchronous schedule (its steps are its own)."""
+    if replicas is not None and len(replicas) != num_ranks:
+        raise ValueError(
+            f"replicas {list(replicas)} has {len(replicas)} entries for {num_ranks} ranks; "
+            "fix: one replica count per pipeline rank"
+        )
+    if key == "pipedream":
+        schedule = pipedream(num_ranks, num_microbatches, vertical_sync=vertical_sync,
+                             replicas=replicas, num_steps=num_steps)
+    elif vertical_sync:
+        raise ValueError(f"vertical_sync is an option of 'pipedream', not of {key!r}")
+    else:
+        schedule = two_bw(num_ranks, num_microbatches, replicas=replicas, num_steps=num_steps)
+    if communication:
+        schedule = add_communication(schedule)
     validate(schedule)
     return schedule

@@ -10,6 +10,7 @@ from pipetrain.schedule.costs import Costs
 from pipetrain.schedule.execution import Blocked, execute
 from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.program import Schedule
+from pipetrain.schedule.versions import is_versioned, version_problems
 
 __all__ = ["ScheduleError", "deadlock_problems", "find_problems", "validate"]
 
@@ -167,7 +168,10 @@ def _structure_problems(schedule: Schedule) -> list[str]:
                 problems.append(f"rank {r}, position {p}: {schedule.actions[r][p]} {reason}")
     problems += _count_problems(schedule, where)
     problems += _message_problems(where)
-    problems += _step_problems(schedule, where)
+    if is_versioned(schedule):  # asynchronous: a STEP per update, checked with the versions
+        problems += version_problems(schedule)
+    else:
+        problems += _step_problems(schedule, where)
     return problems
 
 
