@@ -71,9 +71,10 @@ def test_the_pipetrain_plans_choices_become_the_configuration() -> None:
     config = config_from_plan(replicated, num_layers=5)
     assert config.balance == [1, 4] and config.stage_replicas == (1, 2)
     assert (config.schedule, config.num_microbatches, config.checkpoint) == ("1f1b", 7, "never")
-    # 50 kB: re-materializing, ZB-H1 on a straight pipeline
+    # 50 kB: re-materializing, zero bubble on a straight pipeline (ZB-H2's larger budget
+    # still fits, and beats ZB-H1: 40.6 against 42.0 predicted)
     tight = config_from_plan(_planned(50_000), num_layers=5)
-    assert (tight.schedule, tight.checkpoint, tight.replicas) == ("zb-h1", "always", 1)
+    assert (tight.schedule, tight.checkpoint, tight.replicas) == ("zb-h2", "always", 1)
     # any plan of the planner is a configuration the pipeline accepts (the constructor
     # checks the schedule against the replica counts)
     rng = random.Random(2)

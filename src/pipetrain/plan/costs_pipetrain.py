@@ -29,7 +29,8 @@ micro-batches in flight, ``k`` of them: ``gpipe`` all ``n``; ``1f1b``, ``pipedre
 ``2bw`` ``min(ceil(w / r), n)`` on a stage with ``w`` workers from it to the end (1F1B's
 ``min(K - j, M)`` on stage ``j`` of a straight pipeline); ``zb-h1`` ``min(ceil(W / r), n)``
 for ``W`` workers in all (every stage as its first: the paper's ``min(K, M)`` from ``F``
-to ``W``). A micro-batch keeps its input and the stage's saved activations, or only its
+to ``W``); ``zb-h2`` ``min(ceil((2W - 1) / r), n)`` (its larger budget, the paper's
+``2K - 1``). A micro-batch keeps its input and the stage's saved activations, or only its
 input when re-materialized (:func:`activation_bytes`).
 
 Example:
@@ -121,6 +122,8 @@ def in_flight(schedule: str, *, per_replica: int, replicas: int, workers_from_st
         return min(-(-workers_from_stage // r), n)
     if schedule == "zb-h1":
         return min(-(-num_workers // r), n)
+    if schedule == "zb-h2":  # the larger budget: 2K - 1 in flight
+        return min(-(-(2 * num_workers - 1) // r), n)
     return n  # gpipe, and any other schedule: every micro-batch (an upper bound)
 
 

@@ -15,7 +15,7 @@ from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
 from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS
 from pipetrain.plan.topology import Topology
-from pipetrain.schedule import TRAINING_SCHEDULES, build_schedule, canonical_name
+from pipetrain.schedule import ASYNC_SCHEDULES, TRAINING_SCHEDULES, build_schedule, canonical_name
 
 __all__ = ["PLANNED_SCHEDULES", "PlannerConfig"]
 
@@ -30,10 +30,12 @@ def _one_stage_per_rank(name: str) -> bool:
     return True
 
 
-PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES if _one_stage_per_rank(s))
-"""The schedules the ``pipetrain`` cost model chooses from: every training schedule the
-registry knows that runs one stage per rank (not the interleaved ones: a plan gives each
-worker one stage)."""
+PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES
+                          if s not in ASYNC_SCHEDULES and _one_stage_per_rank(s))
+"""The schedules the ``pipetrain`` cost model chooses from: every synchronous training
+schedule the registry knows that runs one stage per rank (not the interleaved ones: a plan
+gives each worker one stage; not the asynchronous ``pipedream`` and ``2bw``, whose updates
+differ from single-process training: name them in ``schedules`` to plan for them)."""
 
 
 @dataclass(frozen=True, kw_only=True)

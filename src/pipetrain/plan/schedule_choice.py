@@ -67,8 +67,26 @@ __all__ = ["plan_for_layout", "plan_pipetrain"]
 
 logger = logging.getLogger(__name__)
 
-_PREFERENCE = ("1f1b", "zb-h1", "gpipe")
+_PREFERENCE = ("1f1b", "zb-h1", "zb-h2", "gpipe")
 """Between plans as fast and as small: the runtime's default first."""
+
+SAME_SPEED = 1e-3
+"""Predicted steps within this fraction of each other count as equally fast: then the
+plan needing less memory wins (a microsecond is not worth more memory)."""
+
+
+def prefer(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether ``a = (step, memory)`` beats ``b``: faster by more than :data:`SAME_SPEED`,
+    or as fast and smaller.
+
+    Example:
+        >>> prefer((13.000001, 35e3), (13.000004, 24e3)), prefer((12.0, 35e3), (13.0, 24e3))
+        (False, True)
+    """
+    (step_a, memory_a), (step_b, memory_b) = a, b
+    if abs(step_a - step_b) > SAME_SPEED * max(step_a, step_b):
+        return step_a < step_b
+    return memory_a < memory_b
 
 
 @dataclass(frozen=True)
@@ -164,11 +182,11 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
     best: _Scored | None = None
     simulated = 0
     for option in options:  # in the order of their lower bounds, until none can win
-        if best is not None and option.bound > best.step:
+        if best is not None and option.bound > best.step * (1 + SAME_SPEED):
             break
         scored = _simulated(option)
         simulated += 1
-        if best is None or scored.key < best.key:
+        if best is None or _beats(scored, best):
             best = scored
     logger.debug("%d plans listed, %d simulated", len(options), simulated)
     if best is None:
@@ -214,8 +232,20 @@ def plan_for_layout(profile: Profile, balance: Sequence[int], replicas: Sequence
     if not options:
         raise ValueError(f"no schedule, micro-batch count and checkpoint mode runs balance "
                          f"{list(balance)} with replicas {list(replicas)} within the memory")
-    best = min((_simulated(option) for option in options), key=lambda scored: scored.key)
+    best = _simulated(options[0])
+    for option in options[1:]:
+        scored = _simulated(option)
+        if _beats(scored, best):
+            best = scored
     return _plan(profile, best, config)
+
+
+def _beats(a: _Scored, b: _Scored) -> bool:
+    """:func:`prefer`, then the preferred schedule, then fewer micro-batches."""
+    if prefer((a.step, a.memory), (b.step, b.memory)) or prefer((b.step, b.memory),
+                                                                   (a.step, a.memory)):
+        return prefer((a.step, a.memory), (b.step, b.memory))
+    return a.key[2:] < b.key[2:]
 
 
 def _advice(found: list[Search], config: PlannerConfig) -> str:
