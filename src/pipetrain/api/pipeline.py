@@ -29,8 +29,14 @@ from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
-from pipetrain.api.pipeline_outputs import gather_outputs
-from pipetrain.api.pipeline_setup import build_layers, replica_group, start_monitor
+from pipetrain.api.pipeline_outputs import gather_outputs, mean_loss
+from pipetrain.api.pipeline_setup import (
+    build_layers,
+    build_transport,
+    check_world,
+    replica_group,
+    start_monitor,
+)
 from pipetrain.api.pipeline_stages import (
     build_stages,
     convert_batch_norms,
@@ -44,9 +50,7 @@ from pipetrain.frontend import CapturedModel
 from pipetrain.frontend.names import gather_state_dict
 from pipetrain.frontend.pipelines import pipeline_units, wants_capture
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
-from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.executor import RankExecutor, StepIO
-from pipetrain.runtime.links import link_groups
 from pipetrain.runtime.precision import LossScaler, autocast_dtype
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
@@ -110,23 +114,7 @@ class Pipeline:
     ) -> None:
         config = PipelineConfig() if config is None else config
         capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "Pipeline needs an initialized torch.distributed job; fix: call "
-                "pipetrain.init_distributed() first in every process (launch the processes "
-                "with `pipetrain train` or torchrun)"
-            )
-        world_size = dist.get_world_size()
-        if world_size != config.world_size:
-            counts = config.replica_counts
-            need = (f"num_stages x replicas = {config.num_stages} x {config.replicas}"
-                    if config.stage_replicas is None else f"sum(stage_replicas={counts})")
-            raise ValueError(
-                f"the job has {world_size} processes but the configuration needs "
-                f"{need} = {config.world_size}; fix: launch {config.world_size} processes"
-                + (f" or set num_stages={world_size // config.replicas}"
-                   if config.stage_replicas is None else "")
-            )
+        check_world(config)
         self.context = context
         self.device = context.device if context is not None else torch.device("cpu")
         self.captured: CapturedModel | None = None
@@ -151,7 +139,7 @@ class Pipeline:
         """Replicas of this rank's stages (this rank included)."""
         self.local_stages = self.layout.stages_of(self.pipeline_rank)
         self._schedules = StepSchedules(config, self.layout)
-        self._check_schedule(config.total_microbatches)
+        self._schedules.check(self.schedule_name, config.total_microbatches)
 
         # this rank's layers, named by global index; tied copies that meet here are shared
         self.layers = build_layers(layers, layout=self.layout, local_stages=self.local_stages,
@@ -196,29 +184,10 @@ class Pipeline:
         self.optimizers.scalar_device = self._scalar_device
         self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout,
                                       exit_after=config.exit_when_stuck)
-        # tensors travel on the job's backend from device to device; headers on gloo: the
-        # job's group, or (NCCL) a gloo group of their own and one NCCL group per direction
-        # of each link (see runtime.distributed). An asynchronous pipeline gets a gloo group
-        # of its own too: its receives stay posted between steps, and another pipeline's
-        # messages on the same group would land in them
         placement = self.layout.placement()
-        on_gloo = dist.get_backend() == "gloo"
-        own = not on_gloo or self.schedule_name in ASYNC_SCHEDULES
-        header_group = dist.new_group(backend="gloo") if own else None
-        on_device = not on_gloo and self.device.type != "cpu"  # else all of it on gloo
-        data_groups = link_groups(placement, rank=self.rank) if on_device else {}
-        inbound, outbound = self.layout.channels(self.pipeline_rank)
-        self.transport = DistTransport(
-            placement=placement,
-            inbound=inbound,
-            outbound=outbound,
-            timeout=config.timeout,
-            group=header_group,
-            data_groups=data_groups,
-            device=self.device,
-            check=self._monitor.check if self._monitor is not None else None,
-            explain=self._monitor.explain if self._monitor is not None else None,
-        )
+        self.transport = build_transport(
+            self.layout, rank=self.rank, device=self.device, timeout=config.timeout,
+            monitor=self._monitor, own_group=self.schedule_name in ASYNC_SCHEDULES)
         if self._monitor is not None:
             self._monitor.on_failure = self.transport.mailbox.fail
         self.executor = RankExecutor(
@@ -250,15 +219,6 @@ class Pipeline:
         self._holds_last = self._last_stage in self.local_stages
 
     # -- construction -------------------------------------------------------------------
-    def _check_schedule(self, num_microbatches: int) -> None:
-        try:
-            self._schedules.get(self.schedule_name, num_microbatches)
-        except ValueError as error:
-            raise ValueError(
-                f"schedule {self.schedule_name!r} cannot run {num_microbatches} micro-batches "
-                f"on {self.config.num_stages} ranks: {error}"
-            ) from None
-
     def schedule(self, num_microbatches: int | None = None, *, training: bool = True) -> Schedule:
         """The validated schedule of a step of ``num_microbatches`` micro-batches (all
         replicas together; default: a full step's), every rank's action list. For an
@@ -292,14 +252,13 @@ class Pipeline:
                 self.async_state.fail(error)
             raise
 
+    def _set_mode(self, *, training: bool) -> None:
+        for module in self.layers.values():
+            module.train(training)
+
     def _mean_loss(self, io: StepIO) -> float:
-        local = torch.zeros((), dtype=torch.float64, device=self._scalar_device)
-        for loss in io.losses.values():
-            local += loss.double().to(self._scalar_device)
-        if dist.get_world_size() > 1:
-            with self.guard():
-                dist.all_reduce(local)
-        return float(local)
+        with self.guard():
+            return mean_loss(io.losses.values(), device=self._scalar_device)
 
     def train_step(self, inputs: Any, targets: Any) -> float:
         """One training step on a batch; returns its mean loss (the same on every rank).
@@ -341,8 +300,7 @@ class Pipeline:
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
         )
-        for module in self.layers.values():
-            module.train()
+        self._set_mode(training=True)
         self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
@@ -358,8 +316,7 @@ class Pipeline:
         if state.needs_drain(len(batches.inputs)):
             self.drain()
         actions, io = state.window(batches)
-        for module in self.layers.values():
-            module.train()
+        self._set_mode(training=True)
         self._run(actions, io)
         state.weigh(io)
         loss = self._mean_loss(io)
@@ -372,8 +329,7 @@ class Pipeline:
         if self.async_state is None or not self.async_state.in_flight:
             return
         actions, io = self.async_state.drain()
-        for module in self.layers.values():
-            module.train()
+        self._set_mode(training=True)
         self._run(actions, io)
 
     def eval_step(self, inputs: Any, targets: Any = None, *, broadcast: bool = False) -> Any:
@@ -388,8 +344,7 @@ class Pipeline:
             targets=batches.targets if self._holds_last and targets is not None else None,
             loss_scales=batches.scales,
         )
-        for module in self.layers.values():
-            module.eval()
+        self._set_mode(training=False)
         with torch.no_grad():
             self._run(self._schedules.actions("forward", n, rank=self.rank), io)
         if targets is not None:

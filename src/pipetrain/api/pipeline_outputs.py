@@ -1,4 +1,5 @@
-"""The model's output of an evaluation step, gathered from the last stage's replicas.
+"""What a step returns: the model's output of an evaluation step, gathered from the last
+stage's replicas, and the step's mean loss.
 
 Each replica of the last stage holds the outputs of its own micro-batches; the first
 replica gathers them and merges them in micro-batch order, so the output is the whole
@@ -7,15 +8,16 @@ batch's, as the unpipelined model gives it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from pipetrain.api.layout import Layout
 from pipetrain.microbatch import merge_batches
 
-__all__ = ["gather_outputs"]
+__all__ = ["gather_outputs", "mean_loss"]
 
 
 def gather_outputs(outputs: Mapping[int, Any], *, num_microbatches: int, layout: Layout,
@@ -45,3 +47,19 @@ def gather_outputs(outputs: Mapping[int, Any], *, num_microbatches: int, layout:
         dist.broadcast_object_list(box, src=first)
         output = box[0]
     return output
+
+
+def mean_loss(losses: Iterable[torch.Tensor], *, device: torch.device) -> float:
+    """The step's mean loss: the sum of this rank's (weighted) micro-batch losses,
+    all-reduced over the job (every rank calls it; ranks without losses add zero).
+
+    Example:
+        >>> mean_loss([torch.tensor(0.25), torch.tensor(0.5)], device=torch.device("cpu"))
+        0.75
+    """
+    local = torch.zeros((), dtype=torch.float64, device=device)
+    for loss in losses:
+        local += loss.double().to(device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(local)
+    return float(local)

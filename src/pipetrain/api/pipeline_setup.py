@@ -1,5 +1,5 @@
-"""Setting up one process of a :class:`~pipetrain.api.pipeline.Pipeline`: its layers, its
-replica group, and the peer monitor.
+"""Setting up one process of a :class:`~pipetrain.api.pipeline.Pipeline`: the job's size,
+its layers, its replica group, the peer monitor and the transport.
 
 Every process of the job calls these in the same order (they create process groups and
 agree on names).
@@ -15,11 +15,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import LayerSource, Layout
+from pipetrain.runtime.distributed import DistTransport
+from pipetrain.runtime.links import link_groups
 from pipetrain.runtime.monitor import PeerMonitor
 from pipetrain.runtime.process_group import DistContext
 
-__all__ = ["build_layers", "replica_group", "start_monitor"]
+__all__ = ["build_layers", "build_transport", "check_world", "replica_group", "start_monitor"]
 
 
 def build_layers(source: LayerSource, *, layout: Layout, local_stages: Collection[int],
@@ -79,3 +82,57 @@ def start_monitor(context: DistContext | None, *, rank: int, dead_after: float,
     )
     monitor.start()
     return monitor
+
+
+def check_world(config: PipelineConfig) -> None:
+    """Refuse a job that is not initialized, or whose size is not the layout's.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialized.
+        ValueError: the job has another number of processes than the layout needs.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "Pipeline needs an initialized torch.distributed job; fix: call "
+            "pipetrain.init_distributed() first in every process (launch the processes "
+            "with `pipetrain train` or torchrun)"
+        )
+    world_size = dist.get_world_size()
+    if world_size != config.world_size:
+        counts = config.replica_counts
+        need = (f"num_stages x replicas = {config.num_stages} x {config.replicas}"
+                if config.stage_replicas is None else f"sum(stage_replicas={counts})")
+        raise ValueError(
+            f"the job has {world_size} processes but the configuration needs "
+            f"{need} = {config.world_size}; fix: launch {config.world_size} processes"
+            + (f" or set num_stages={world_size // config.replicas}"
+               if config.stage_replicas is None else "")
+        )
+
+
+def build_transport(layout: Layout, *, rank: int, device: torch.device, timeout: float,
+                    monitor: PeerMonitor | None, own_group: bool) -> DistTransport:
+    """This rank's point-to-point transport (every rank calls it: it creates groups).
+
+    Tensors travel on the job's backend from device to device, headers on gloo: the job's
+    group, or (NCCL, or ``own_group``) a gloo group of their own, and on GPUs one NCCL
+    group per direction of each link (see :mod:`pipetrain.runtime.distributed`). An
+    asynchronous pipeline asks for ``own_group``: its receives stay posted between steps,
+    and another pipeline's messages on the same group would land in them.
+    """
+    placement = layout.placement()
+    on_gloo = dist.get_backend() == "gloo"
+    header_group = dist.new_group(backend="gloo") if own_group or not on_gloo else None
+    on_device = not on_gloo and device.type != "cpu"  # else all of it on gloo
+    inbound, outbound = layout.channels(layout.position(rank)[0])
+    return DistTransport(
+        placement=placement,
+        inbound=inbound,
+        outbound=outbound,
+        timeout=timeout,
+        group=header_group,
+        data_groups=link_groups(placement, rank=rank) if on_device else {},
+        device=device,
+        check=monitor.check if monitor is not None else None,
+        explain=monitor.explain if monitor is not None else None,
+    )

@@ -69,6 +69,20 @@ class StepSchedules:
             )
         return self._built[key]
 
+    def check(self, name: str, num_microbatches: int) -> None:
+        """Build the schedule once, to refuse at construction one that cannot run.
+
+        Raises:
+            ValueError: the schedule cannot run ``num_microbatches`` on these ranks.
+        """
+        try:
+            self.get(name, num_microbatches)
+        except ValueError as error:
+            raise ValueError(
+                f"schedule {name!r} cannot run {num_microbatches} micro-batches "
+                f"on {self.config.num_stages} ranks: {error}"
+            ) from None
+
     def actions(self, name: str, num_microbatches: int, *, rank: int) -> tuple[Action, ...]:
         """What global rank ``rank`` runs in that schedule."""
         return self.get(name, num_microbatches).actions[rank]
