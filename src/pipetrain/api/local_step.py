@@ -212,6 +212,10 @@ class LocalPipeline:
             session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
             with torch.no_grad():
                 leaves, session.structure = flatten(merge_batches(outputs))
+            # merged: the pieces' data is not needed any more (the stages keep only
+            # their graphs' gradient edges)
+            outputs.clear()
+            ios[-1].outputs.clear()
             session.tensor_positions = [
                 k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
             ]
