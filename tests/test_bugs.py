@@ -213,7 +213,7 @@ def test_except_last_holds_one_microbatch_of_activations_per_partition():
     micro-batches of activations per partition at the peak, where torchgpipe (backward
     last micro-batch first) holds one. Now the micro-batch backwarded first is the one
     left out (StepIO.checkpoint_start). With ``recompute_ahead`` (idle workers rebuild
-    a graph ahead) the default holds at most one more."""
+    a graph ahead, opt-in) a partition holds at most one more."""
     import threading
 
     alive = {"now": 0, "peak": 0}

@@ -19,6 +19,7 @@ from torch import nn
 
 from pipetrain.api.local_step import LocalPipeline
 from pipetrain.api.random_streams import SessionRng
+from pipetrain.backward import GradientPool
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
@@ -150,11 +151,18 @@ class GPipe(nn.Module):
             something must see autograd accumulate them (hooks registered on the
             gradient accumulators, e.g. by DDP wrapping this module).
         recompute_ahead: for partitions on the CPU, how many re-materialized
-            micro-batches a partition may hold beyond torchgpipe's peak so that idle
-            workers can rebuild them before the partition's backward needs them (see
-            :mod:`pipetrain.runtime.shared_recompute`). ``0`` keeps torchgpipe's peak
-            activation memory exactly; idle workers then help only when a partition
-            holds no graph at all.
+            micro-batches a partition may hold beyond the one its backward needs, so
+            that idle workers can rebuild them ahead (see
+            :mod:`pipetrain.runtime.shared_recompute`). The default, ``0``, adds no
+            memory: idle workers then rebuild a partition's next graph only while the
+            partition holds none. ``1`` is faster on the CPU (checkpointed modes) and
+            holds one more micro-batch's activations per partition.
+        reuse_gradient_buffers: on the CPU, write each step's weight gradients into the
+            memory of the previous step's, once ``zero_grad()`` dropped them (saves the
+            page faults of fresh memory on the first backward of a step, but holds the
+            gradients' size between steps). Off by default; when on, do not keep
+            ``.detach()`` / ``.data`` aliases of a gradient across ``zero_grad()`` (see
+            :mod:`pipetrain.backward.gradient_pool`).
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
@@ -184,7 +192,8 @@ class GPipe(nn.Module):
         deferred_batch_norm: bool = False,
         timeout: float = 300.0,
         fuse_weight_gradients: bool = True,
-        recompute_ahead: int = 1,
+        recompute_ahead: int = 0,
+        reuse_gradient_buffers: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential) or len(module) > 0:
@@ -194,8 +203,8 @@ class GPipe(nn.Module):
                 or recompute_ahead < 0:
             raise ValueError(
                 f"recompute_ahead must be a non-negative integer, got {recompute_ahead!r}; "
-                "fix: recompute_ahead=1 (the default) lets idle workers rebuild one "
-                "micro-batch ahead, recompute_ahead=0 keeps torchgpipe's peak memory"
+                "fix: recompute_ahead=0 (the default) adds no memory, recompute_ahead=1 "
+                "lets idle workers rebuild one micro-batch ahead"
             )
         num_chunks = _chunks(chunks)
         mode = str(checkpoint)  # like torchgpipe: any value whose str() is a mode
@@ -215,6 +224,7 @@ class GPipe(nn.Module):
         self.checkpoint = mode
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
+        self.reuse_gradient_buffers = reuse_gradient_buffers
         self.timeout = timeout
         partitions = split_module(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
@@ -275,6 +285,7 @@ class GPipe(nn.Module):
                     first_layer=sum(self.balance[:j]),
                     fuse_weight_gradients=self.fuse_weight_gradients,
                 )
+                stage.gradient_pool = GradientPool(reuse_dropped=self.reuse_gradient_buffers)
                 executors.append(
                     RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},
                                  transport=transport)
