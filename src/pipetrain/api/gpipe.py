@@ -163,6 +163,12 @@ class GPipe(nn.Module):
             gradients' size between steps). Off by default; when on, do not keep
             ``.detach()`` / ``.data`` aliases of a gradient across ``zero_grad()`` (see
             :mod:`pipetrain.backward.gradient_pool`).
+        throttle_openmp_spin: with partitions on the CPU, make GNU OpenMP count the
+            stage workers among its threads, so that the idle OpenMP threads of the
+            caller's parallel ops (its loss) sleep after a short spin instead of taking a
+            core from the stages for milliseconds (faster steps on a small CPU). Off by
+            default: it changes how every OpenMP thread of the process waits, the
+            caller's own parallel work included (see :mod:`pipetrain.runtime.workers`).
 
     Random layers (dropout, or any layer drawing from torch's generators) draw from
     streams seeded per (forward call, layer, micro-batch), so a recomputation repeats
@@ -194,6 +200,7 @@ class GPipe(nn.Module):
         fuse_weight_gradients: bool = True,
         recompute_ahead: int = 0,
         reuse_gradient_buffers: bool = False,
+        throttle_openmp_spin: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential) or len(module) > 0:
@@ -225,6 +232,7 @@ class GPipe(nn.Module):
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
         self.reuse_gradient_buffers = reuse_gradient_buffers
+        self.throttle_openmp_spin = throttle_openmp_spin
         self.timeout = timeout
         partitions = split_module(module, balance_list) if len(module) > 0 else []
         for partition, device in zip(partitions, device_list):
@@ -290,7 +298,8 @@ class GPipe(nn.Module):
                     RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},
                                  transport=transport)
                 )
-            workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
+            workers = StageWorkers(self.devices, on_error=transport.mailbox.fail,
+                                   throttle_openmp_spin=self.throttle_openmp_spin)
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
                                         recompute_ahead=self.recompute_ahead)
             weakref.finalize(self, self._local.close)

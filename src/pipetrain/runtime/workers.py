@@ -4,6 +4,11 @@ Each worker runs its tasks in order on its own thread, with its device set and i
 of the CPU's intra-op threads, so stages run concurrently even when they share a device
 (torchgpipe serializes all stages of one device on a single thread). Workers live from
 the first step to :meth:`StageWorkers.close` (or the owner's garbage collection).
+
+Workers leave process-wide state as they found it (the caller's intra-op thread count
+is restored), unless asked to throttle OpenMP's spinning (``throttle_openmp_spin``,
+opt-in, see :func:`_join_openmp_count`): that changes how every OpenMP thread of the
+process waits, the caller's own included.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ _STOP = object()
 
 
 def _worker_loop(
-    tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event
+    tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event,
+    throttle_openmp_spin: bool,
 ) -> None:
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if num_threads > 0:
             torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
-            _join_openmp_count()
+            if throttle_openmp_spin:
+                _join_openmp_count()
             torch.set_num_threads(num_threads)
     finally:
         ready.set()
@@ -58,7 +65,9 @@ def _join_openmp_count() -> None:
     loss a spinning OpenMP thread would take a core from the stages for milliseconds.
     Running one 2-thread region here leaves one sleeping OpenMP thread per worker, so the
     count includes the workers and the runtime spins only as it does on a machine with
-    more threads than cores.
+    more threads than cores. That holds for the whole process: the caller's own parallel
+    regions then wake their threads from sleep (slower for many short regions), hence
+    opt-in.
     """
     torch.set_num_threads(2)
     torch.ones(1 << 17).add_(1)  # large enough for an intra-op parallel region
@@ -69,7 +78,10 @@ class StageWorkers:
 
     ``on_error`` is called with the first exception a task raises, before the other
     tasks are awaited: it must wake them (e.g. fail the transport's mailbox) so that a
-    failed stage never leaves its neighbours waiting.
+    failed stage never leaves its neighbours waiting. ``throttle_openmp_spin=True``
+    (opt-in, process-wide) makes GNU OpenMP count the CPU workers among its threads, so
+    that idle OpenMP threads sleep after a short spin instead of taking a core from the
+    workers for milliseconds after each parallel region (see :func:`_join_openmp_count`).
 
     Example:
         >>> workers = StageWorkers([torch.device("cpu")] * 2)
@@ -83,6 +95,7 @@ class StageWorkers:
         devices: Sequence[torch.device],
         *,
         on_error: Callable[[BaseException], None] | None = None,
+        throttle_openmp_spin: bool = False,
     ) -> None:
         num_cpu = sum(1 for d in devices if d.type == "cpu")
         cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
@@ -95,7 +108,8 @@ class StageWorkers:
             ready.append(threading.Event())
             thread = threading.Thread(
                 target=_worker_loop,
-                args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1]),
+                args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1],
+                      throttle_openmp_spin),
                 name=f"pipetrain-stage-{j}",
                 daemon=True,
             )
