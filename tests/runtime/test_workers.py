@@ -95,3 +95,47 @@ def test_default_workers_start_no_openmp_threads():
     off, on = probe("off"), probe("on")
     assert off == (2, torch.get_num_threads())
     assert on[0] > 2 and on[1] == torch.get_num_threads()
+
+
+def test_a_task_run_here_runs_on_the_calling_thread_with_the_workers_thread_count():
+    import threading
+
+    before = torch.get_num_threads()
+    workers = StageWorkers([torch.device("cpu")] * 2)
+    try:
+        seen = workers.run([lambda: threading.get_ident(),
+                            lambda: (threading.get_ident(), torch.get_num_threads())], here=1)
+        assert seen[0] == workers.thread_ids[0]
+        assert seen[1] == (threading.get_ident(), max(1, before // 2))
+        assert torch.get_num_threads() == before  # restored
+    finally:
+        workers.close()
+
+
+def test_a_failing_task_run_here_wakes_the_others_and_is_raised():
+    import threading
+
+    woken = threading.Event()
+    failures: list[BaseException] = []
+
+    def on_error(error: BaseException) -> None:
+        failures.append(error)
+        woken.set()
+
+    workers = StageWorkers([torch.device("cpu")] * 2, on_error=on_error)
+    try:
+        def fail() -> None:
+            raise KeyError("stage 1")
+
+        with pytest.raises(KeyError, match="stage 1"):
+            # worker 0 waits for what the failed task would have sent: on_error wakes it
+            workers.run([lambda: woken.wait(timeout=30), fail], here=1)
+        assert len(failures) == 1 and isinstance(failures[0], KeyError)
+    finally:
+        workers.close()
+    other = StageWorkers([torch.device("meta")])
+    try:
+        with pytest.raises(ValueError, match="not a CPU worker"):
+            other.run([lambda: None], here=0)
+    finally:
+        other.close()

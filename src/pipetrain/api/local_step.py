@@ -90,7 +90,8 @@ class LocalPipeline:
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,
              sharing: RecomputeSharing | None = None,
-             speculators: Sequence[int] = (), generation: int = 0) -> None:
+             speculators: Sequence[int] = (), generation: int = 0,
+             here: int | None = None) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
@@ -98,7 +99,8 @@ class LocalPipeline:
         with their recomputations until every task is done. Workers ``speculators`` go on
         rebuilding checkpointed micro-batches after their task (without this call
         waiting for them) until speculation number ``generation`` ends (the backward
-        begins, or another forward)."""
+        begins, or another forward). Worker ``here``'s task runs on the calling thread
+        (see :meth:`StageWorkers.run`)."""
         then = then or {}
         speculation = self.sharing if speculators else None
 
@@ -131,7 +133,7 @@ class LocalPipeline:
             sharing.open(ios[0].key_offset, ios[0].key_offset + KEY_STRIDE,
                          tasks=sum(t is not None for t in tasks))
         try:
-            self.workers.run(tasks)
+            self.workers.run(tasks, here=here)
         except BaseException:
             if sharing is not None:
                 sharing.close()
@@ -266,9 +268,13 @@ class LocalPipeline:
                 sizes = [session.input_sizes[i][k] for i in range(num_microbatches)]
                 merged.append(_merge_grad(pieces, shape, sizes))
 
+        # the caller's thread, which autograd runs this backward on, runs the last CPU
+        # stage's part itself (as autograd runs a whole backward there): its gradients
+        # then come from the caller's memory, where the caller's loss freed memory
+        last = len(ios) - 1
         try:
             self._run(session.backward_actions, ios, grad=True, then={0: merge},
-                      sharing=self.sharing)
+                      sharing=self.sharing, here=last if last in self._on_cpu else None)
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)

@@ -100,6 +100,7 @@ class StageWorkers:
         num_cpu = sum(1 for d in devices if d.type == "cpu")
         cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
         self.on_error = on_error
+        self._cpu_threads = [cpu_threads if d.type == "cpu" else 0 for d in devices]
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
         ready = []
@@ -132,13 +133,23 @@ class StageWorkers:
     def __len__(self) -> int:
         return len(self._threads)
 
-    def run(self, tasks: Sequence[Callable[[], Any] | None]) -> list[Any]:
+    def run(self, tasks: Sequence[Callable[[], Any] | None], *,
+            here: int | None = None) -> list[Any]:
         """Run ``tasks[j]`` on worker ``j`` (``None``: nothing); return their results.
 
+        ``here``: the index of a CPU worker whose task runs on the calling thread instead
+        (which would only wait meanwhile), with that worker's share of intra-op threads
+        (set for the task, then restored): what the task allocates then comes from the
+        caller's memory, as when autograd runs a backward on the caller's thread.
         If tasks fail, the first failure is raised after every task has finished.
         """
         if len(tasks) != len(self._queues):
             raise ValueError(f"{len(tasks)} tasks for {len(self._queues)} workers")
+        own: Callable[[], Any] | None = None
+        if here is not None:
+            if not self._cpu_threads[here]:
+                raise ValueError(f"worker {here} is not a CPU worker: its task cannot run here")
+            own, tasks = tasks[here], [None if j == here else t for j, t in enumerate(tasks)]
         futures: list[Future[Any] | None] = []
         for q, task in zip(self._queues, tasks):
             if task is None:
@@ -165,10 +176,35 @@ class StageWorkers:
         for future in futures:
             if future is not None:
                 future.add_done_callback(note)
+        own_result = None
+        if own is not None and here is not None:
+            done: Future[Any] = Future()
+            done.add_done_callback(note)
+            own_result = self._run_here(own, self._cpu_threads[here], done)
         results = [None if f is None else _result(f) for f in futures]
+        if here is not None:
+            results[here] = own_result
         if first is not None:
             raise first
         return results
+
+    @staticmethod
+    def _run_here(task: Callable[[], Any], num_threads: int, done: Future[Any]) -> Any:
+        """Run ``task`` on this thread with ``num_threads`` intra-op threads; its result
+        (``None`` on failure) and its outcome in ``done``."""
+        previous = torch.get_num_threads()
+        if num_threads != previous:
+            torch.set_num_threads(num_threads)
+        try:
+            result = task()
+        except BaseException as error:
+            done.set_exception(error)
+            return None
+        finally:
+            if num_threads != previous:
+                torch.set_num_threads(previous)
+        done.set_result(result)
+        return result
 
     def submit(self, j: int, task: Callable[[], Any]) -> None:
         """Queue ``task`` on worker ``j`` without waiting for it (its result and any
