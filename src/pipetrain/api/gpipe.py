@@ -28,6 +28,7 @@ from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
 from pipetrain.runtime.executor import Placement, RankExecutor
 from pipetrain.runtime.stage import StageCompute
+from pipetrain.runtime.streams import PipelineStreams, StreamTransport
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Schedule, build_schedule
@@ -278,7 +279,10 @@ class GPipe(nn.Module):
     # -- running ------------------------------------------------------------------------
     def _pipeline(self) -> LocalPipeline:
         if self._local is None:
-            transport = ThreadTransport(timeout=self.timeout)
+            streams = PipelineStreams(self.devices) if PipelineStreams.needed(self.devices) \
+                else None
+            transport = ThreadTransport(timeout=self.timeout) if streams is None \
+                else StreamTransport(streams, timeout=self.timeout)
             num = len(self.partitions)
             rng = SessionRng(list(self.partitions))
             executors = []
@@ -301,7 +305,7 @@ class GPipe(nn.Module):
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail,
                                    throttle_openmp_spin=self.throttle_openmp_spin)
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
-                                        recompute_ahead=self.recompute_ahead)
+                                        recompute_ahead=self.recompute_ahead, streams=streams)
             weakref.finalize(self, self._local.close)
         return self._local
 
