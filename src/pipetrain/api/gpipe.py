@@ -3,7 +3,10 @@
 A torchgpipe user changes only the import. Underneath, every partition is a stage of
 pipetrain's runtime with its own persistent worker thread (also when partitions share a
 device), the fill-drain schedule is the same action list the simulator draws, and
-activations and gradients move through the thread transport.
+activations and gradients move through the thread transport. On a GPU, each partition
+computes on its own CUDA stream and values cross devices on copy streams
+(:mod:`pipetrain.runtime.streams`); the backward then runs on autograd's thread for the
+output's GPU, last partition first, the partitions' kernels overlapping on their streams.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ def _resolve_devices(devices: Iterable[Device] | None, num_partitions: int) -> l
         else:
             devices = ["cpu"] * num_partitions
     resolved = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+    # 'cuda' means the current GPU, as in torchgpipe (a worker sets its device by index)
+    resolved = [torch.device("cuda", torch.cuda.current_device())
+                if d.type == "cuda" and d.index is None else d for d in resolved]
     if len(resolved) < num_partitions:
         raise IndexError(
             f"too few devices to hold given partitions (devices: {len(resolved)}, "

@@ -281,6 +281,7 @@ class LocalPipeline:
         try:
             with self.streams.edges():
                 if self.streams.active:
+                    self._stop_sharing()  # no CPU stage's rebuild runs beside it
                     self._run_in_order(session.backward_actions, ios, then={0: merge})
                 else:
                     # the caller's thread, which autograd runs this backward on, runs the
