@@ -154,7 +154,7 @@ class GPipe(nn.Module):
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
         timeout: seconds a stage waits for its neighbour before reporting it stuck.
         fuse_weight_gradients: accumulate linear layers' weight gradients in place
-            (faster; see :mod:`pipetrain.backward.split`). Turn it off when
+            (faster; see :mod:`pipetrain.backward.fused`). Turn it off when
             something must see autograd accumulate them (hooks registered on the
             gradient accumulators, e.g. by DDP wrapping this module).
         recompute_ahead: for partitions on the CPU, how many re-materialized

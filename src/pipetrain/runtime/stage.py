@@ -10,7 +10,7 @@ keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, 
 runtime calls it *before* waiting for the gradient, so the recomputation overlaps the
 next stage's backward (as torchgpipe does). A split backward (input half, weight half)
 recomputes once. Backward accumulates the weight gradients of linear layers in place
-(:mod:`pipetrain.backward.split`; ``fuse_weight_gradients=False`` leaves them to autograd).
+(:mod:`pipetrain.backward.fused`; ``fuse_weight_gradients=False`` leaves them to autograd).
 With random streams (:class:`~pipetrain.runtime.rng.RandomStreams`) the stage runs its
 layers one by one and seeds torch's generators before each from (seed, global layer
 index, micro-batch), so the recomputation repeats dropout masks and the masks do not
