@@ -222,8 +222,8 @@ class LocalPipeline:
             session.output_sizes = [[rows(t) for t in iter_tensors(o)] for o in outputs]
             with torch.no_grad():
                 leaves, session.structure = flatten(merge_batches(outputs))
-            # merged: the pieces' data is not needed any more (the stages keep only
-            # their graphs' gradient edges)
+            # merged: the pieces' data is not needed any more (the stages keep seeds of
+            # their outputs, not the outputs: pipetrain.backward.roots)
             outputs.clear()
             ios[-1].outputs.clear()
             session.tensor_positions = [
