@@ -213,7 +213,7 @@ def test_except_last_holds_one_microbatch_of_activations_per_partition():
     micro-batches of activations per partition at the peak, where torchgpipe (backward
     last micro-batch first) holds one. Now the micro-batch backwarded first is the one
     left out (StepIO.checkpoint_start). With ``recompute_ahead`` (idle workers rebuild
-    a graph ahead) the default holds at most one more."""
+    a graph ahead, opt-in) a partition holds at most one more."""
     import threading
 
     alive = {"now": 0, "peak": 0}
@@ -247,7 +247,7 @@ def test_fused_weight_gradients_do_not_record_a_graph() -> None:
     import torch
     from torch import nn
 
-    from pipetrain.backward.split import GradientPool, fused_backward
+    from pipetrain.backward import GradientPool, fused_backward
 
     layers = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
     pool = GradientPool()

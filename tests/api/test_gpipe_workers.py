@@ -39,11 +39,15 @@ def test_one_thread_per_partition_persisting_between_steps():
     with torch.no_grad():
         gpipe(torch.randn(4, 4))
     threads = []
-    for recorder in recorders:
-        seen = set(recorder.forward_threads) | set(recorder.backward_threads)
+    for j, recorder in enumerate(recorders):
         assert len(recorder.forward_threads) == 8 and len(recorder.backward_threads) == 6
-        assert len(seen) == 1  # the same thread in every step, forward and backward
-        threads.append(seen.pop())
+        forward = set(recorder.forward_threads)
+        assert len(forward) == 1  # the same thread in every step
+        threads.append(forward.pop())
+        # backward on the same worker, except the last partition's: the caller's thread
+        # (which autograd runs the backward on) runs it, as autograd would
+        expected = threading.get_ident() if j == 2 else threads[-1]
+        assert set(recorder.backward_threads) == {expected}
     assert len(set(threads)) == 3  # one per partition
     assert threading.get_ident() not in threads
     names = {t.ident: t.name for t in threading.enumerate()}

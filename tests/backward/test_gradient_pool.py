@@ -1,4 +1,4 @@
-"""Gradient buffers kept across steps: reused only when nobody else holds them."""
+"""Gradient buffers kept across steps: reused only when asked for and nobody holds them."""
 
 import copy
 import weakref
@@ -8,6 +8,7 @@ from torch import nn
 
 import pipetrain
 from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.runtime.stage import StageCompute
 
 
 def _weight() -> nn.Parameter:
@@ -25,9 +26,20 @@ def test_a_released_buffer_is_taken_back():
     assert pool.take(w) is None  # taken once
 
 
-def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
+def test_lent_buffers_are_not_kept_by_default():
     w = _weight()
     pool = GradientPool()
+    w.grad = torch.ones(3, 3)
+    dropped = weakref.ref(w.grad)
+    pool.lend(w, w.grad)
+    w.grad = None
+    assert dropped() is None and len(pool) == 0  # freed: the pool keeps nothing
+    assert pool.take(w) is None
+
+
+def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
+    w = _weight()
+    pool = GradientPool(reuse_dropped=True)
     w.grad = torch.ones(3, 3)
     pointer = w.grad.data_ptr()
     pool.lend(w, w.grad)
@@ -38,7 +50,7 @@ def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
 
 def test_a_lent_buffer_the_user_still_holds_is_left_to_them():
     w = _weight()
-    pool = GradientPool()
+    pool = GradientPool(reuse_dropped=True)
     w.grad = torch.ones(3, 3)
     kept = w.grad
     pool.lend(w, w.grad)
@@ -49,7 +61,7 @@ def test_a_lent_buffer_the_user_still_holds_is_left_to_them():
 
 def test_a_lent_buffer_whose_memory_a_view_holds_is_left_alone():
     w = _weight()
-    pool = GradientPool()
+    pool = GradientPool(reuse_dropped=True)
     w.grad = torch.ones(3, 3)
     view = w.grad.view(9)
     pool.lend(w, w.grad)
@@ -80,15 +92,32 @@ def _train(gpipe: nn.Module, x: torch.Tensor, steps: int, keep: list | None = No
     return grads
 
 
+def test_a_stage_keeps_no_dropped_gradient_by_default():
+    stage = StageCompute(nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4)),
+                         stage_index=0, device=torch.device("cpu"))
+    for key in range(2):
+        stage.forward(key, torch.randn(3, 4), checkpointed=False)
+        stage.backward(key, [torch.ones(3, 4)])
+        first = weakref.ref(stage.module[0].weight.grad)
+        stage.module.zero_grad(set_to_none=True)
+        assert first() is None and len(stage.gradient_pool) == 0  # freed, not kept
+    assert pipetrain.GPipe(nn.Sequential(nn.Linear(2, 2)), [1]).reuse_gradient_buffers is False
+
+
 def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     reference = copy.deepcopy(model)
     x = torch.randn(6, 8)
-    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
-    grads = _train(gpipe, x, 3)
-    # the same tensor each step (without the pool, zero_grad() would have freed it)
-    assert grads[0]() is not None and grads[0]() is grads[1]() is grads[2]()
+    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3,
+                            reuse_gradient_buffers=True)
+    pointers = []
+    for _ in range(3):
+        gpipe.zero_grad(set_to_none=True)
+        gpipe(x).square().sum().backward()
+        pointers.append(gpipe.partitions[0][0].weight.grad.data_ptr())
+    # the same memory each step (without the pool, zero_grad() would have freed it)
+    assert pointers[0] == pointers[1] == pointers[2]
     reference(x).square().sum().backward()
     for p, q in zip(gpipe.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
@@ -98,7 +127,8 @@ def test_gpipe_leaves_gradients_the_user_kept_untouched():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     x = torch.randn(6, 8)
-    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
+    gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3,
+                            reuse_gradient_buffers=True)
     kept: list[torch.Tensor] = []
     _train(gpipe, x, 1, keep=kept)
     first = kept[0].clone()

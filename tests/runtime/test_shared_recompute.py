@@ -189,7 +189,8 @@ class Slow(nn.Module):
 
 def test_gpipe_workers_rebuild_each_others_graphs_with_the_same_gradients():
     """While the last partition runs its (slow) backwards, the first partition's worker
-    waits for gradients: it rebuilds the last partition's next graphs meanwhile."""
+    waits for gradients: with recompute_ahead=1 (opt-in: one graph more per partition)
+    it rebuilds the last partition's next graphs meanwhile."""
     torch.manual_seed(0)
     first, last = Recorded(), Recorded()
     model = nn.Sequential(first, last, Slow())
@@ -197,7 +198,7 @@ def test_gpipe_workers_rebuild_each_others_graphs_with_the_same_gradients():
     x = torch.randn(8, 4)
     reference(x).square().sum().backward()
     gpipe = pipetrain.GPipe(model, [1, 2], devices=["cpu", "cpu"], chunks=4,
-                            checkpoint="always")
+                            checkpoint="always", recompute_ahead=1)
     gpipe(x).square().sum().backward()
     assert "pipetrain-stage-0" in last.recomputed  # partition 1's graphs, built by worker 0
     assert gpipe._local is not None and gpipe._local.sharing is not None

@@ -3,7 +3,10 @@
 A torchgpipe user changes only the import. Underneath, every partition is a stage of
 pipetrain's runtime with its own persistent worker thread (also when partitions share a
 device), the fill-drain schedule is the same action list the simulator draws, and
-activations and gradients move through the thread transport.
+activations and gradients move through the thread transport. On a GPU, each partition
+computes on its own CUDA stream and values cross devices on copy streams
+(:mod:`pipetrain.runtime.streams`); the backward then runs on autograd's thread for the
+output's GPU, last partition first, the partitions' kernels overlapping on their streams.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch import nn
 
 from pipetrain.api.local_step import LocalPipeline
 from pipetrain.api.random_streams import SessionRng
+from pipetrain.backward import GradientPool
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
@@ -34,6 +38,7 @@ from pipetrain.partition import split_module, verify_balance, verify_module
 from pipetrain.runtime.executor import Placement, RankExecutor
 from pipetrain.runtime.precision import autocast_dtype
 from pipetrain.runtime.stage import StageCompute
+from pipetrain.runtime.streams import PipelineStreams, StreamTransport
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Schedule, build_schedule
@@ -84,6 +89,9 @@ def _resolve_devices(devices: Iterable[Device] | None, num_partitions: int) -> l
         else:
             devices = ["cpu"] * num_partitions
     resolved = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+    # 'cuda' means the current GPU, as in torchgpipe (a worker sets its device by index)
+    resolved = [torch.device("cuda", torch.cuda.current_device())
+                if d.type == "cuda" and d.index is None else d for d in resolved]
     if len(resolved) < num_partitions:
         raise IndexError(
             f"too few devices to hold given partitions (devices: {len(resolved)}, "
@@ -153,15 +161,28 @@ class GPipe(nn.Module):
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
         timeout: seconds a stage waits for its neighbour before reporting it stuck.
         fuse_weight_gradients: accumulate linear layers' weight gradients in place
-            (faster; see :mod:`pipetrain.backward.split`). Turn it off when
+            (faster; see :mod:`pipetrain.backward.fused`). Turn it off when
             something must see autograd accumulate them (hooks registered on the
             gradient accumulators, e.g. by DDP wrapping this module).
         recompute_ahead: for partitions on the CPU, how many re-materialized
-            micro-batches a partition may hold beyond torchgpipe's peak so that idle
-            workers can rebuild them before the partition's backward needs them (see
-            :mod:`pipetrain.runtime.shared_recompute`). ``0`` keeps torchgpipe's peak
-            activation memory exactly; idle workers then help only when a partition
-            holds no graph at all.
+            micro-batches a partition may hold beyond the one its backward needs, so
+            that idle workers can rebuild them ahead (see
+            :mod:`pipetrain.runtime.shared_recompute`). The default, ``0``, adds no
+            memory: idle workers then rebuild a partition's next graph only while the
+            partition holds none. ``1`` is faster on the CPU (checkpointed modes) and
+            holds one more micro-batch's activations per partition.
+        reuse_gradient_buffers: on the CPU, write each step's weight gradients into the
+            memory of the previous step's, once ``zero_grad()`` dropped them (saves the
+            page faults of fresh memory on the first backward of a step, but holds the
+            gradients' size between steps). Off by default; when on, do not keep
+            ``.detach()`` / ``.data`` aliases of a gradient across ``zero_grad()`` (see
+            :mod:`pipetrain.backward.gradient_pool`).
+        throttle_openmp_spin: with partitions on the CPU, make GNU OpenMP count the
+            stage workers among its threads, so that the idle OpenMP threads of the
+            caller's parallel ops (its loss) sleep after a short spin instead of taking a
+            core from the stages for milliseconds (faster steps on a small CPU). Off by
+            default: it changes how every OpenMP thread of the process waits, the
+            caller's own parallel work included (see :mod:`pipetrain.runtime.workers`).
         mixed_precision: ``'bf16'`` or ``'fp16'``: every partition's forward (and the
             recomputation of its checkpointed micro-batches) runs under
             ``torch.autocast`` of its device with that dtype; parameters stay float32.
@@ -203,7 +224,9 @@ class GPipe(nn.Module):
         deferred_batch_norm: bool = False,
         timeout: float = 300.0,
         fuse_weight_gradients: bool = True,
-        recompute_ahead: int = 1,
+        recompute_ahead: int = 0,
+        reuse_gradient_buffers: bool = False,
+        throttle_openmp_spin: bool = False,
         mixed_precision: str | None = None,
         example_inputs: Any = None,
         example_kwargs: dict[str, Any] | None = None,
@@ -231,8 +254,8 @@ class GPipe(nn.Module):
                 or recompute_ahead < 0:
             raise ValueError(
                 f"recompute_ahead must be a non-negative integer, got {recompute_ahead!r}; "
-                "fix: recompute_ahead=1 (the default) lets idle workers rebuild one "
-                "micro-batch ahead, recompute_ahead=0 keeps torchgpipe's peak memory"
+                "fix: recompute_ahead=0 (the default) adds no memory, recompute_ahead=1 "
+                "lets idle workers rebuild one micro-batch ahead"
             )
         autocast = autocast_dtype(mixed_precision)
         num_chunks = _chunks(chunks)
@@ -253,6 +276,8 @@ class GPipe(nn.Module):
         self.checkpoint = mode
         self.fuse_weight_gradients = fuse_weight_gradients
         self.recompute_ahead = recompute_ahead
+        self.reuse_gradient_buffers = reuse_gradient_buffers
+        self.throttle_openmp_spin = throttle_openmp_spin
         self.timeout = timeout
         self.mixed_precision = mixed_precision
         self._autocast = autocast
@@ -301,7 +326,10 @@ class GPipe(nn.Module):
     # -- running ------------------------------------------------------------------------
     def _pipeline(self) -> LocalPipeline:
         if self._local is None:
-            transport = ThreadTransport(timeout=self.timeout)
+            streams = PipelineStreams(self.devices) if PipelineStreams.needed(self.devices) \
+                else None
+            transport = ThreadTransport(timeout=self.timeout) if streams is None \
+                else StreamTransport(streams, timeout=self.timeout)
             num = len(self.partitions)
             rng = SessionRng(list(self.partitions))
             executors = []
@@ -317,13 +345,15 @@ class GPipe(nn.Module):
                     fuse_weight_gradients=self.fuse_weight_gradients,
                     autocast=self._autocast,
                 )
+                stage.gradient_pool = GradientPool(reuse_dropped=self.reuse_gradient_buffers)
                 executors.append(
                     RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},
                                  transport=transport)
                 )
-            workers = StageWorkers(self.devices, on_error=transport.mailbox.fail)
+            workers = StageWorkers(self.devices, on_error=transport.mailbox.fail,
+                                   throttle_openmp_spin=self.throttle_openmp_spin)
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
-                                        recompute_ahead=self.recompute_ahead)
+                                        recompute_ahead=self.recompute_ahead, streams=streams)
             weakref.finalize(self, self._local.close)
         return self._local
 

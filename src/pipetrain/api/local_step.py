@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 
+from pipetrain.api.local_grads import merge_grads, rows, split_grad
 from pipetrain.api.random_streams import KEY_STRIDE, SessionRng
 from pipetrain.microbatch import merge_batches
 from pipetrain.nested import flatten, iter_tensors, unflatten
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.shared_recompute import RecomputeSharing
+from pipetrain.runtime.streams import PipelineStreams
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Action, Op, Schedule
@@ -63,10 +65,14 @@ class LocalPipeline:
 
     def __init__(self, executors: Sequence[RankExecutor], workers: StageWorkers,
                  transport: ThreadTransport, *, rng: SessionRng | None = None,
-                 recompute_ahead: int | None = 1) -> None:
+                 recompute_ahead: int | None = 1,
+                 streams: PipelineStreams | None = None) -> None:
         self.executors = list(executors)
         self.workers = workers
         self.transport = transport
+        self.streams = streams if streams is not None else PipelineStreams([])
+        """the stages' CUDA streams, if any stage is on a GPU (the transport then ships
+        values between them: :class:`~pipetrain.runtime.streams.StreamTransport`)"""
         self.rng = rng
         """the stages' random streams (None: stages draw from torch's generators as is)"""
         self._sessions = itertools.count()
@@ -90,7 +96,8 @@ class LocalPipeline:
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,
              sharing: RecomputeSharing | None = None,
-             speculators: Sequence[int] = (), generation: int = 0) -> None:
+             speculators: Sequence[int] = (), generation: int = 0,
+             here: int | None = None) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
@@ -98,7 +105,8 @@ class LocalPipeline:
         with their recomputations until every task is done. Workers ``speculators`` go on
         rebuilding checkpointed micro-batches after their task (without this call
         waiting for them) until speculation number ``generation`` ends (the backward
-        begins, or another forward)."""
+        begins, or another forward). Worker ``here``'s task runs on the calling thread
+        (see :meth:`StageWorkers.run`)."""
         then = then or {}
         speculation = self.sharing if speculators else None
 
@@ -108,10 +116,11 @@ class LocalPipeline:
 
             def work() -> None:
                 try:
-                    if acts:
-                        _run_with_grad(executor, acts, io, grad)
-                    if j in then:
-                        then[j]()
+                    with self.streams.stage(j):
+                        if acts:
+                            _run_with_grad(executor, acts, io, grad)
+                        if j in then:
+                            then[j]()
                 finally:
                     if sharing is not None:
                         sharing.task_done()
@@ -131,7 +140,7 @@ class LocalPipeline:
             sharing.open(ios[0].key_offset, ios[0].key_offset + KEY_STRIDE,
                          tasks=sum(t is not None for t in tasks))
         try:
-            self.workers.run(tasks)
+            self.workers.run(tasks, here=here)
         except BaseException:
             if sharing is not None:
                 sharing.close()
@@ -161,7 +170,8 @@ class LocalPipeline:
         if self.rng is not None:
             self.rng.open(offset)
         try:
-            self._run(schedule.actions, ios, grad=False)
+            with self.streams.edges():
+                self._run(schedule.actions, ios, grad=False)
         finally:
             if self.rng is not None:
                 self.rng.forward_done(offset)
@@ -185,7 +195,7 @@ class LocalPipeline:
         session = _Session(io=ios, backward_actions=[b for _, b in phases])
         session.forward_actions = [f for f, _ in phases]
         session.input_sizes = [
-            [_rows(t) for t in iter_tensors(b) if t.requires_grad] for b in batches
+            [rows(t) for t in iter_tensors(b) if t.requires_grad] for b in batches
         ]
         inputs = [t for t in iter_tensors(input_value) if t.requires_grad]
         session.input_shapes = [t.shape for t in inputs]
@@ -209,9 +219,13 @@ class LocalPipeline:
             # checkpointed micro-batch announces its outputs before knowing)
             session.microbatch_masks = [[t.requires_grad for t in iter_tensors(o)] for o in outputs]
             session.output_mask = [any(column) for column in zip(*session.microbatch_masks)]
-            session.output_sizes = [[_rows(t) for t in iter_tensors(o)] for o in outputs]
+            session.output_sizes = [[rows(t) for t in iter_tensors(o)] for o in outputs]
             with torch.no_grad():
                 leaves, session.structure = flatten(merge_batches(outputs))
+            # merged: the pieces' data is not needed any more (the stages keep seeds of
+            # their outputs, not the outputs: pipetrain.backward.roots)
+            outputs.clear()
+            ios[-1].outputs.clear()
             session.tensor_positions = [
                 k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)
             ]
@@ -223,8 +237,9 @@ class LocalPipeline:
             low = ios[0].key_offset
             generation = self.sharing.speculate(low, low + KEY_STRIDE)
         try:
-            self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge},
-                      speculators=speculators, generation=generation)
+            with self.streams.edges():
+                self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge},
+                          speculators=speculators, generation=generation)
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
@@ -244,7 +259,7 @@ class LocalPipeline:
         num_microbatches = len(session.output_sizes)
         # pieces of each output, per micro-batch (k: output tensor position)
         per_output = [
-            _split(g, [session.output_sizes[i][k] for i in range(num_microbatches)])
+            split_grad(g, [session.output_sizes[i][k] for i in range(num_microbatches)])
             for k, g in enumerate(grads)
         ]
         ios = session.io
@@ -260,11 +275,22 @@ class LocalPipeline:
                 pieces = [first_io.input_grads.get(i, [None] * (k + 1))[k]
                           for i in range(num_microbatches)]
                 sizes = [session.input_sizes[i][k] for i in range(num_microbatches)]
-                merged.append(_merge_grad(pieces, shape, sizes))
+                merged.append(merge_grads(pieces, shape, sizes))
 
+        last = len(ios) - 1
         try:
-            self._run(session.backward_actions, ios, grad=True, then={0: merge},
-                      sharing=self.sharing)
+            with self.streams.edges():
+                if self.streams.active:
+                    self._stop_sharing()  # no CPU stage's rebuild runs beside it
+                    self._run_in_order(session.backward_actions, ios, then={0: merge})
+                else:
+                    # the caller's thread, which autograd runs this backward on, runs the
+                    # last CPU stage's part itself (as autograd runs a whole backward
+                    # there): its gradients come from the caller's memory, where the
+                    # caller's loss freed memory
+                    self._run(session.backward_actions, ios, grad=True, then={0: merge},
+                              sharing=self.sharing,
+                              here=last if last in self._on_cpu else None)
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)
@@ -272,6 +298,29 @@ class LocalPipeline:
             io.input_grads.clear()
             io.outputs.clear()
         return merged
+
+    def _run_in_order(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
+                      then: dict[int, Callable[[], None]]) -> None:
+        """A backward phase on this thread, last stage first, each on its CUDA stream.
+
+        With a stage on a GPU, this thread is autograd's thread for that GPU (it runs
+        :class:`_PipelineFunction`'s backward): a stage's backward called from another
+        thread would wait for it forever, one called from here runs here. The GPU still
+        overlaps the stages (their kernels queue on their own streams), and each stage's
+        backward needs only what later stages sent (fill-drain order).
+        """
+        try:
+            for j in reversed(range(len(self.executors))):
+                with self.streams.stage(j):
+                    if actions[j]:
+                        _run_with_grad(self.executors[j], actions[j], ios[j], True)
+                    if j in then:
+                        then[j]()
+        except BaseException:
+            for executor in self.executors:
+                executor.reset()
+            self.transport.mailbox.clear()
+            raise
 
     def _speculators(self, session: _Session) -> list[int]:
         """The CPU workers whose backward starts by waiting for a gradient: they rebuild
@@ -298,30 +347,6 @@ class LocalPipeline:
 def _run_with_grad(executor: RankExecutor, actions: Sequence[Action], io: StepIO, grad: bool) -> None:
     with torch.set_grad_enabled(grad):
         executor.run(actions, io)
-
-
-def _rows(tensor: torch.Tensor) -> int:
-    return tensor.shape[0] if tensor.dim() > 0 else -1
-
-
-def _split(grad: torch.Tensor | None, sizes: list[int]) -> list[torch.Tensor | None]:
-    if grad is None:
-        return [None] * len(sizes)
-    if sizes and sizes[0] == -1:
-        # a 0-dim output is the first micro-batch's (merge_batches): so is its gradient
-        return [grad] + [None] * (len(sizes) - 1)
-    return list(torch.split(grad, sizes))
-
-
-def _merge_grad(pieces: list[Any], shape: torch.Size, sizes: list[int]) -> torch.Tensor | None:
-    if all(p is None for p in pieces):
-        return None
-    if len(shape) == 0:  # shared across micro-batches: gradients add up
-        return torch.stack([p for p in pieces if p is not None]).sum(0)
-    template = next(p for p in pieces if p is not None)
-    filled = [p if p is not None else template.new_zeros((n, *shape[1:]))
-              for p, n in zip(pieces, sizes)]
-    return torch.cat(filled) if len(filled) > 1 else filled[0]
 
 
 def _drop(executors: list[RankExecutor], key_offset: int, rng: SessionRng | None) -> None:

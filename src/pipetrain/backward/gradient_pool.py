@@ -7,37 +7,30 @@ millisecond per MiB here, on the critical path of the first backward of each ste
 
 - :meth:`~GradientPool.release` takes back the ``.grad`` of weights after an optimizer
   step (the multi-process runtime does this in place of ``zero_grad()``);
-- :meth:`~GradientPool.lend` remembers the buffer the first accumulation of a step put
-  in ``.grad``; once the user's ``zero_grad()`` (``set_to_none=True``, torch's default)
-  has dropped it and *nothing else* refers to it or to its memory, the next step writes
-  into it again. A buffer someone still holds (a saved ``p.grad``, a view of it) is left
-  to them.
+- with ``reuse_dropped=True`` (opt-in), :meth:`~GradientPool.lend` remembers the buffer
+  the first accumulation of a step put in ``.grad``; once the user's ``zero_grad()``
+  (``set_to_none=True``, torch's default) has dropped that tensor, the next step writes
+  into its memory again.
+
+Keeping a buffer the user dropped costs memory between steps (the gradients' size, held
+while the next forward runs), so it is off unless asked for. Whether the user still holds
+a dropped gradient is told by a weak reference to the tensor handed out: it dies only
+when no Python variable, no ``.grad`` and no view of it is left. A tensor that shares the
+memory without referring to the tensor (``.detach()``, ``.data``, ``.numpy()``,
+``untyped_storage()``) is not seen: with ``reuse_dropped=True``, do not keep such aliases
+of a gradient across ``zero_grad()`` (copy it, ``.clone()``, instead).
 
 Only CPU buffers are kept this way: CUDA's caching allocator already reuses memory.
 """
 
 from __future__ import annotations
 
-import sys
+import weakref
 from collections.abc import Iterable
 
 import torch
 
 __all__ = ["GradientPool"]
-
-
-def _unshared(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is referenced only by the caller's one local variable: no other
-    Python reference, no other C++ owner (``.grad`` of a weight, an autograd graph) and
-    no view of its memory."""
-    try:
-        storage_owners = torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
-        owners = tensor._use_count()  # type: ignore[attr-defined]
-    except (AttributeError, RuntimeError):  # a torch without these counters: never reuse
-        return False
-    # Python: the caller's variable, this argument, getrefcount's argument; storage: the
-    # tensor and the temporary storage object made by untyped_storage() above
-    return sys.getrefcount(tensor) <= 3 and owners == 1 and storage_owners <= 2
 
 
 class GradientPool:
@@ -50,16 +43,19 @@ class GradientPool:
         >>> pool.release([w])
         >>> w.grad is None, pool.take(w).shape
         (True, torch.Size([2, 2]))
+        >>> pool = GradientPool(reuse_dropped=True)
         >>> w.grad = torch.ones(2, 2)
         >>> pool.lend(w, w.grad)   # the first accumulation of a step made this buffer
-        >>> w.grad = None          # zero_grad(): nothing else holds it now
+        >>> w.grad = None          # zero_grad(): nothing refers to that tensor now
         >>> pool.take(w) is not None
         True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, reuse_dropped: bool = False) -> None:
+        self.reuse_dropped = reuse_dropped
+        """whether :meth:`lend` keeps buffers to reuse once the user dropped them"""
         self._kept: dict[int, torch.Tensor] = {}
-        self._lent: dict[int, torch.Tensor] = {}
+        self._lent: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
 
     def release(self, params: Iterable[torch.Tensor]) -> None:
         """Keep the ``.grad`` of ``params`` and set it to ``None``."""
@@ -70,17 +66,24 @@ class GradientPool:
                 param.grad = None
 
     def lend(self, param: torch.Tensor, buffer: torch.Tensor) -> None:
-        """``buffer`` became ``param.grad``: take it back once nobody holds it (CPU only)."""
-        if buffer.device.type == "cpu":
-            self._lent[id(param)] = buffer
+        """``buffer`` became ``param.grad``: with :attr:`reuse_dropped`, take its memory
+        back once nobody refers to ``buffer`` (CPU only); otherwise nothing."""
+        if self.reuse_dropped and buffer.device.type == "cpu":
+            # the pool's own tensor over the memory; it does not keep ``buffer`` alive
+            self._lent[id(param)] = (weakref.ref(buffer), buffer.detach())
 
     def take(self, param: torch.Tensor) -> torch.Tensor | None:
         """A kept buffer that fits ``param``'s gradient, if any."""
         buffer = self._kept.pop(id(param), None)
         if buffer is None:
-            buffer = self._lent.pop(id(param), None)
-            if buffer is not None and not _unshared(buffer):
-                return None  # the user kept it (or a view of it): theirs now
-        if buffer is None or buffer.shape != param.shape or buffer.dtype != param.dtype:
+            lent = self._lent.pop(id(param), None)
+            if lent is None or lent[0]() is not None:
+                return None  # nothing lent, or the user still holds it: theirs now
+            buffer = lent[1]
+        if buffer.shape != param.shape or buffer.dtype != param.dtype:
             return None
         return buffer
+
+    def __len__(self) -> int:
+        """The number of buffers held (kept or lent)."""
+        return len(self._kept) + len(self._lent)

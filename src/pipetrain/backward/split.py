@@ -29,16 +29,18 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.backward.roots import Root, start_points
 
-__all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
+__all__ = ["GradientPool", "WeightGradient", "backward_input"]
 
 
 @dataclass
 class _Group:
     """One restart point of the weight pass: autograd edges, their gradients, their weights."""
 
-    edges: list[GradientEdge]
-    grads: list[torch.Tensor]
+    edges: list[GradientEdge] | list[torch.Tensor]
+    grads: list[torch.Tensor | None]
+    """``None`` for a scalar that starts a backward (:func:`~.roots.start_points`)"""
     params: list[torch.Tensor]
 
 
@@ -49,16 +51,18 @@ class _Linear:
     node: Any
     weight: torch.Tensor
     bias: torch.Tensor | None
-    x: torch.Tensor
+    x: torch.Tensor | None
+    """the saved input (``None`` once accumulated: the layer's input may be freed then)"""
     grad: torch.Tensor | None = None
 
     def run(self, pool: GradientPool | None) -> None:
         with torch.no_grad():  # the saved input requires grad; the accumulation must not
             self._accumulate(pool)
+        self.x = None
 
     def _accumulate(self, pool: GradientPool | None) -> None:
         g = self.grad
-        if g is None:
+        if g is None or self.x is None:
             return
         if self.weight.grad is None:
             buffer = pool.take(self.weight) if pool is not None else None
@@ -95,8 +99,8 @@ class WeightGradient:
 
     def run(self) -> None:
         """Accumulate the weight gradients into ``param.grad`` and free the graph."""
-        for linear in self.linears:
-            linear.run(self.pool)
+        while self.linears:  # each layer's input and gradient are freed once used
+            self.linears.pop(0).run(self.pool)
         for group in self.groups:
             grads = torch.autograd.grad(
                 group.edges, group.params, grad_outputs=group.grads, allow_unused=True
@@ -183,22 +187,20 @@ def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Te
 
 
 def backward_input(
-    outputs: Sequence[torch.Tensor],
+    outputs: Sequence[Root],
     grad_outputs: Sequence[torch.Tensor | None],
     inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor],
     *,
     fuse: bool = True,
-    full: bool = False,
     pool: GradientPool | None = None,
 ) -> tuple[list[torch.Tensor | None], WeightGradient]:
     """Gradients of ``inputs`` now, and the weight-gradient pass to run later.
 
-    ``outputs[k]`` receives gradient ``grad_outputs[k]`` (``None`` for a scalar loss).
-    ``fuse=False`` leaves linear layers to autograd too; ``pool`` lends them gradient
-    buffers kept from the last step. ``full=True`` (a full backward
-    about to run the weight pass at once) takes autograd's single pass when there is no
-    linear layer to fuse.
+    ``outputs[k]`` (a tensor or a :class:`~.roots.Seed`) receives gradient
+    ``grad_outputs[k]`` (``None`` for a scalar loss). ``fuse=False`` leaves linear layers
+    to autograd too; ``pool`` lends them gradient buffers kept from the last step. For a
+    whole backward, see :func:`~.fused.fused_backward`.
 
     Example:
         >>> lin = torch.nn.Linear(3, 3)
@@ -213,7 +215,10 @@ def backward_input(
     params = [p for p in params if p.requires_grad]
     weight = WeightGradient(pool=pool)
     inputs = list(inputs)
-    pairs = [(t, g) for t, g in zip(outputs, grad_outputs) if t.requires_grad]
+    # scalars that start the backward with implicit gradients (see .roots)
+    pairs: list[tuple[torch.Tensor, None]] = [
+        (t, None) for t in start_points(outputs, grad_outputs)
+    ]
     needed = [x for x in inputs if x.requires_grad]
     if not pairs:
         return [None] * len(inputs), weight
@@ -273,7 +278,7 @@ def backward_input(
         ids = {id(p) for p in group_params}
         shared = shared or bool(ids & seen_params)
         seen_params |= ids
-    if shared or (not linears and (full or not needed)):
+    if shared or (not linears and not needed):
         torch.autograd.backward(
             [t for t, _ in pairs], [g for _, g in pairs], inputs=[*needed, *params] or None
         )
@@ -309,7 +314,8 @@ def backward_input(
             handle.remove()
     weight.linears = [lin for lin in linear_list if lin.grad is not None]
     for node in boundaries:
-        edges, edge_grads = [], []
+        edges: list[GradientEdge] = []
+        edge_grads: list[torch.Tensor | None] = []
         for index, grad in enumerate(captured.get(node, ())):
             if grad is not None:
                 edges.append(GradientEdge(node, index))
@@ -317,33 +323,6 @@ def backward_input(
         if edges:
             weight.groups.append(_Group(edges, edge_grads, groups[node]))
     for tensor, grad, group_params in whole:
-        weight.groups.append(
-            _Group([get_gradient_edge(tensor)], [grad if grad is not None else torch.ones_like(tensor)],
-                   group_params)
-        )
+        weight.groups.append(_Group([tensor], [grad], group_params))
     return [input_grads.get(id(x)) for x in inputs], weight
 
-
-def fused_backward(
-    outputs: Sequence[torch.Tensor],
-    grad_outputs: Sequence[torch.Tensor | None],
-    inputs: Sequence[torch.Tensor],
-    params: Sequence[torch.Tensor],
-    *,
-    pool: GradientPool | None = None,
-) -> list[torch.Tensor | None]:
-    """A full backward with gradient-accumulation fusion for the linear layers.
-
-    The gradients of ``inputs`` are returned (and not stored in ``.grad``); weight
-    gradients accumulate into ``.grad`` as with ``torch.autograd.backward``.
-
-    Example:
-        >>> lin = torch.nn.Linear(3, 3)
-        >>> x = torch.randn(2, 3, requires_grad=True)
-        >>> (gx,) = fused_backward([lin(x)], [torch.ones(2, 3)], [x], list(lin.parameters()))
-        >>> torch.allclose(lin.bias.grad, torch.full((3,), 2.0))
-        True
-    """
-    input_grads, weight = backward_input(outputs, grad_outputs, inputs, params, full=True, pool=pool)
-    weight.run()
-    return input_grads

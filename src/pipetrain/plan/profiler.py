@@ -12,7 +12,7 @@ later input needs one where the previous output did. What each field counts:
     ``loss_fn(output, target)`` when given, as the last pipeline stage computes it.
 ``backward_s``
     the whole backward, as the runtime runs it
-    (:func:`pipetrain.backward.split.fused_backward`), from a gradient of ones
+    (:func:`pipetrain.backward.fused.fused_backward`), from a gradient of ones
     for every output that needs one (the last layer with ``loss_fn``: from the loss).
 ``backward_input_s`` / ``backward_weight_s``
     the input-gradient pass (:func:`pipetrain.backward.split.backward_input`)

@@ -286,6 +286,7 @@ class RankExecutor:
             key, message, checkpointed=checkpointed,
             target=target, loss_scale=scale,
         )
+        self._last_input = None  # kept for an error's note only: do not hold the data
         if last:
             if loss is not None:
                 io.losses[i] = loss.detach()

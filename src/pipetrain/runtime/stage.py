@@ -10,7 +10,7 @@ keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, 
 runtime calls it *before* waiting for the gradient, so the recomputation overlaps the
 next stage's backward (as torchgpipe does). A split backward (input half, weight half)
 recomputes once. Backward accumulates the weight gradients of linear layers in place
-(:mod:`pipetrain.backward.split`; ``fuse_weight_gradients=False`` leaves them to autograd).
+(:mod:`pipetrain.backward.fused`; ``fuse_weight_gradients=False`` leaves them to autograd).
 With random streams (:class:`~pipetrain.runtime.rng.RandomStreams`) the stage runs its
 layers one by one and seeds torch's generators before each from (seed, global layer
 index, micro-batch), so the recomputation repeats dropout masks and the masks do not
@@ -31,12 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipetrain.backward.split import (
-    GradientPool,
-    WeightGradient,
-    backward_input,
-    fused_backward,
-)
+from pipetrain.backward.fused import fused_backward
+from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.backward.roots import Root, backward_root, start_points
+from pipetrain.backward.split import WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
 from pipetrain.runtime.precision import stage_autocast
@@ -57,8 +55,10 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 class _InFlight:
     inputs: list[torch.Tensor]
     """received leaves that require grad, in message order"""
-    outputs: list[torch.Tensor]
-    """output tensors that were announced as needing a gradient, in message order"""
+    outputs: list[Root | None]
+    """per output tensor announced as needing a gradient (message order): where its
+    backward starts (its gradient edge: the graph, not the output's data), ``None`` if it
+    turned out to need none; until a checkpointed micro-batch is rebuilt, all ``None``"""
     loss: torch.Tensor | None
     replay: tuple[Any, Any, float | None] | None = None
     """(message, target, loss scale) of a checkpointed micro-batch not yet recomputed"""
@@ -213,8 +213,10 @@ class StageCompute:
             return self._compute(microbatch, message, target, loss_scale)
         if not checkpointed:
             output, loss = self._compute(microbatch, message, target, loss_scale)
-            outputs = [t for t in iter_tensors(output) if t.requires_grad]
-            self._in_flight[microbatch] = _InFlight(leaves, outputs, loss)
+            roots: list[Root | None] = [
+                backward_root(t) for t in iter_tensors(output) if t.requires_grad
+            ]
+            self._in_flight[microbatch] = _InFlight(leaves, roots, loss)
             return output, loss
         with torch.no_grad(), enable_checkpointing():
             output, loss = self._compute(microbatch, message, target, loss_scale)
@@ -224,9 +226,9 @@ class StageCompute:
             lambda t: t.detach().requires_grad_(True) if _announce(t, differentiable) else t,
             output,
         )
-        announced = [t for t in iter_tensors(output) if t.requires_grad]
+        announced = sum(1 for t in iter_tensors(output) if t.requires_grad)
         self._in_flight[microbatch] = _InFlight(
-            leaves, announced, None, replay=(message, target, loss_scale)
+            leaves, [None] * announced, None, replay=(message, target, loss_scale)
         )
         return output, loss
 
@@ -267,14 +269,15 @@ class StageCompute:
         differentiable = bool(state.inputs) or bool(self.params)
         # the positions announced at forward time; one that turns out to need no
         # gradient (nothing trainable behind it) is skipped in backward
-        state.outputs = [t for t in iter_tensors(output) if _announce(t, differentiable)]
+        state.outputs = [backward_root(t) if t.requires_grad else None
+                         for t in iter_tensors(output) if _announce(t, differentiable)]
         state.loss = loss
         state.replay = None
 
     # -- backward ---------------------------------------------------------------------
     def _targets(
         self, state: _InFlight, grads: Sequence[torch.Tensor | None] | None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    ) -> tuple[list[Root], list[torch.Tensor | None]]:
         if state.loss is not None:
             return [state.loss], [None]
         if grads is None:
@@ -286,7 +289,7 @@ class StageCompute:
                 f"stage {self.stage_index} has {len(state.outputs)} outputs that need a "
                 f"gradient but received {len(grads)} gradients"
             )
-        pairs = [(t, g) for t, g in zip(state.outputs, grads) if g is not None and t.requires_grad]
+        pairs = [(t, g) for t, g in zip(state.outputs, grads) if g is not None and t is not None]
         return [t for t, _ in pairs], [g for _, g in pairs]
 
     def _take(self, microbatch: int) -> _InFlight:
@@ -302,7 +305,7 @@ class StageCompute:
     @contextlib.contextmanager
     def _backward_of(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
-    ) -> Iterator[tuple[_InFlight, list[torch.Tensor], list[torch.Tensor | None]]]:
+    ) -> Iterator[tuple[_InFlight, list[Root], list[torch.Tensor | None]]]:
         """The state of ``microbatch`` (rebuilt if checkpointed) and its backward targets,
         counted in :meth:`graphs_held` until the block ends."""
         self.recompute(microbatch)
@@ -326,7 +329,7 @@ class StageCompute:
             if self.fuse:
                 return fused_backward(tensors, grad_tensors, state.inputs, self.params,
                                       pool=self.gradient_pool)
-            torch.autograd.backward(tensors, grad_tensors)
+            torch.autograd.backward(start_points(tensors, grad_tensors))
             return [leaf.grad for leaf in state.inputs]
 
     def backward_input(

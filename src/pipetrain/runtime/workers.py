@@ -4,6 +4,11 @@ Each worker runs its tasks in order on its own thread, with its device set and i
 of the CPU's intra-op threads, so stages run concurrently even when they share a device
 (torchgpipe serializes all stages of one device on a single thread). Workers live from
 the first step to :meth:`StageWorkers.close` (or the owner's garbage collection).
+
+Workers leave process-wide state as they found it (the caller's intra-op thread count
+is restored), unless asked to throttle OpenMP's spinning (``throttle_openmp_spin``,
+opt-in, see :func:`_join_openmp_count`): that changes how every OpenMP thread of the
+process waits, the caller's own included.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ _STOP = object()
 
 
 def _worker_loop(
-    tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event
+    tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event,
+    throttle_openmp_spin: bool,
 ) -> None:
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if num_threads > 0:
             torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
-            _join_openmp_count()
+            if throttle_openmp_spin:
+                _join_openmp_count()
             torch.set_num_threads(num_threads)
     finally:
         ready.set()
@@ -58,7 +65,9 @@ def _join_openmp_count() -> None:
     loss a spinning OpenMP thread would take a core from the stages for milliseconds.
     Running one 2-thread region here leaves one sleeping OpenMP thread per worker, so the
     count includes the workers and the runtime spins only as it does on a machine with
-    more threads than cores.
+    more threads than cores. That holds for the whole process: the caller's own parallel
+    regions then wake their threads from sleep (slower for many short regions), hence
+    opt-in.
     """
     torch.set_num_threads(2)
     torch.ones(1 << 17).add_(1)  # large enough for an intra-op parallel region
@@ -69,7 +78,10 @@ class StageWorkers:
 
     ``on_error`` is called with the first exception a task raises, before the other
     tasks are awaited: it must wake them (e.g. fail the transport's mailbox) so that a
-    failed stage never leaves its neighbours waiting.
+    failed stage never leaves its neighbours waiting. ``throttle_openmp_spin=True``
+    (opt-in, process-wide) makes GNU OpenMP count the CPU workers among its threads, so
+    that idle OpenMP threads sleep after a short spin instead of taking a core from the
+    workers for milliseconds after each parallel region (see :func:`_join_openmp_count`).
 
     Example:
         >>> workers = StageWorkers([torch.device("cpu")] * 2)
@@ -83,10 +95,12 @@ class StageWorkers:
         devices: Sequence[torch.device],
         *,
         on_error: Callable[[BaseException], None] | None = None,
+        throttle_openmp_spin: bool = False,
     ) -> None:
         num_cpu = sum(1 for d in devices if d.type == "cpu")
         cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
         self.on_error = on_error
+        self._cpu_threads = [cpu_threads if d.type == "cpu" else 0 for d in devices]
         self._queues: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
         ready = []
@@ -95,7 +109,8 @@ class StageWorkers:
             ready.append(threading.Event())
             thread = threading.Thread(
                 target=_worker_loop,
-                args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1]),
+                args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1],
+                      throttle_openmp_spin),
                 name=f"pipetrain-stage-{j}",
                 daemon=True,
             )
@@ -118,13 +133,23 @@ class StageWorkers:
     def __len__(self) -> int:
         return len(self._threads)
 
-    def run(self, tasks: Sequence[Callable[[], Any] | None]) -> list[Any]:
+    def run(self, tasks: Sequence[Callable[[], Any] | None], *,
+            here: int | None = None) -> list[Any]:
         """Run ``tasks[j]`` on worker ``j`` (``None``: nothing); return their results.
 
+        ``here``: the index of a CPU worker whose task runs on the calling thread instead
+        (which would only wait meanwhile), with that worker's share of intra-op threads
+        (set for the task, then restored): what the task allocates then comes from the
+        caller's memory, as when autograd runs a backward on the caller's thread.
         If tasks fail, the first failure is raised after every task has finished.
         """
         if len(tasks) != len(self._queues):
             raise ValueError(f"{len(tasks)} tasks for {len(self._queues)} workers")
+        own: Callable[[], Any] | None = None
+        if here is not None:
+            if not self._cpu_threads[here]:
+                raise ValueError(f"worker {here} is not a CPU worker: its task cannot run here")
+            own, tasks = tasks[here], [None if j == here else t for j, t in enumerate(tasks)]
         futures: list[Future[Any] | None] = []
         for q, task in zip(self._queues, tasks):
             if task is None:
@@ -151,10 +176,35 @@ class StageWorkers:
         for future in futures:
             if future is not None:
                 future.add_done_callback(note)
+        own_result = None
+        if own is not None and here is not None:
+            done: Future[Any] = Future()
+            done.add_done_callback(note)
+            own_result = self._run_here(own, self._cpu_threads[here], done)
         results = [None if f is None else _result(f) for f in futures]
+        if here is not None:
+            results[here] = own_result
         if first is not None:
             raise first
         return results
+
+    @staticmethod
+    def _run_here(task: Callable[[], Any], num_threads: int, done: Future[Any]) -> Any:
+        """Run ``task`` on this thread with ``num_threads`` intra-op threads; its result
+        (``None`` on failure) and its outcome in ``done``."""
+        previous = torch.get_num_threads()
+        if num_threads != previous:
+            torch.set_num_threads(num_threads)
+        try:
+            result = task()
+        except BaseException as error:
+            done.set_exception(error)
+            return None
+        finally:
+            if num_threads != previous:
+                torch.set_num_threads(previous)
+        done.set_result(result)
+        return result
 
     def submit(self, j: int, task: Callable[[], Any]) -> None:
         """Queue ``task`` on worker ``j`` without waiting for it (its result and any
