@@ -82,9 +82,10 @@ def _train(gpipe: nn.Module, x: torch.Tensor, steps: int, keep: list | None = No
 
 def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    # layers large enough to be fused (smaller weights are left to autograd)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
     reference = copy.deepcopy(model)
-    x = torch.randn(6, 8)
+    x = torch.randn(6, 512)
     gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
     grads = _train(gpipe, x, 3)
     # the same tensor each step (without the pool, zero_grad() would have freed it)
@@ -96,8 +97,8 @@ def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
 
 def test_gpipe_leaves_gradients_the_user_kept_untouched():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-    x = torch.randn(6, 8)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
+    x = torch.randn(6, 512)
     gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3)
     kept: list[torch.Tensor] = []
     _train(gpipe, x, 1, keep=kept)

@@ -14,9 +14,8 @@ needs it and defer the weight-gradient pass to fill bubbles. This works for any 
    a fresh gradient plus an addition: gradient-accumulation fusion), and restarts
    autograd at the other boundaries (``GradientEdge``) for the remaining weights.
 
-A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input and
-a transposed 2-D weight (``nn.Linear`` and ``F.linear``), the weight (and bias) feed no
-other node, and they carry no Python hooks. Everything else takes autograd's path.
+Which linear layers fuse: :mod:`.linears`. A full backward (no split) takes the single
+pass of :mod:`.fused` instead.
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from pipetrain.backward.fused import fused_backward
 from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.backward.linears import Linear, children, find_linears, walk
 
 __all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
 
@@ -42,21 +43,7 @@ class _Group:
     params: list[torch.Tensor]
 
 
-@dataclass
-class _Linear:
-    """A fusible linear layer: ``y = x @ weight.T (+ bias)``, and the gradient of ``y``."""
-
-    node: Any
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    x: torch.Tensor
-    grad: torch.Tensor | None = None
-
-    def run(self, pool: GradientPool | None) -> None:
-        with torch.no_grad():  # the saved input requires grad; the accumulation must not
-            self._accumulate(pool)
-
-    def _accumulate(self, pool: GradientPool | None) -> None:
+def _accumulate(self, pool: GradientPool | None) -> None:
         g = self.grad
         if g is None:
             return
@@ -90,7 +77,7 @@ class WeightGradient:
     """The deferred weight-gradient pass of one micro-batch (see :func:`backward_input`)."""
 
     groups: list[_Group] = field(default_factory=list)
-    linears: list[_Linear] = field(default_factory=list)
+    linears: list[Linear] = field(default_factory=list)
     pool: GradientPool | None = None
 
     def run(self) -> None:
@@ -106,68 +93,6 @@ class WeightGradient:
         self.groups.clear()
 
 
-def _children(node: Any) -> list[Any]:
-    return [child for child, _ in node.next_functions if child is not None]
-
-
-def _has_hooks(tensor: torch.Tensor) -> bool:
-    return bool(getattr(tensor, "_backward_hooks", None)) or bool(
-        getattr(tensor, "_post_accumulate_grad_hooks", None)
-    )
-
-
-def _as_linear(node: Any, consumers: dict[Any, int], params: set[int]) -> _Linear | None:
-    name = node.name()
-    if name == "AddmmBackward0":
-        if node._saved_alpha != 1 or node._saved_beta != 1:
-            return None
-        (bias_node, _), _, (t_node, _) = node.next_functions
-        x = node._saved_mat1
-    elif name == "MmBackward0":
-        _, (t_node, _) = node.next_functions
-        bias_node, x = None, node._saved_self
-    else:
-        return None
-    if t_node is None or t_node.name() != "TBackward0" or consumers.get(t_node) != 1:
-        return None
-    accumulate = t_node.next_functions[0][0]
-    weight = getattr(accumulate, "variable", None)
-    if weight is None or id(weight) not in params or consumers.get(accumulate) != 1:
-        return None
-    bias = None
-    if bias_node is not None:
-        bias = getattr(bias_node, "variable", None)
-        if bias is None or id(bias) not in params or consumers.get(bias_node) != 1:
-            return None
-    if weight.dim() != 2 or x is None or x.dim() != 2 or _has_hooks(weight):
-        return None
-    if bias is not None and (bias.dim() != 1 or _has_hooks(bias)):
-        return None
-    return _Linear(node, weight, bias, x)
-
-
-def _walk(roots: list[Any]) -> tuple[list[Any], dict[Any, int]]:
-    """Every node under ``roots`` (children before parents) and its number of consumers."""
-    order: list[Any] = []
-    consumers: dict[Any, int] = {}
-    seen: set[Any] = set()
-    stack: list[tuple[Any, bool]] = [(root, False) for root in roots]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        for child in _children(node):
-            consumers[child] = consumers.get(child, 0) + 1
-            if child not in seen:
-                stack.append((child, False))
-    return order, consumers
-
-
 def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Tensor]:
     found: dict[int, torch.Tensor] = {}
     stack, seen = [node], set()
@@ -178,7 +103,7 @@ def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Te
         seen.add(current)
         if current in param_of:
             found[id(param_of[current])] = param_of[current]
-        stack.extend(_children(current))
+        stack.extend(children(current))
     return list(found.values())
 
 
@@ -218,23 +143,16 @@ def backward_input(
     if not pairs:
         return [None] * len(inputs), weight
     roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node for t, _ in pairs]
-    order, consumers = _walk(roots)
-    param_ids = {id(p) for p in params}
+    order, consumers = walk(roots)
     param_of = {get_gradient_edge(p).node: p for p in params}
-    linears: dict[Any, _Linear] = {}
-    if fuse:
-        for node in order:
-            linear = _as_linear(node, consumers, param_ids)
-            if linear is not None:
-                linears[node] = linear
+    linears = find_linears(order, consumers, params) if fuse else {}
     input_nodes = {get_gradient_edge(x).node for x in needed}
 
     def followed(node: Any) -> list[Any]:
         if node in linears:  # its weight and bias are the fused pass's
-            name = node.name()
-            x_edge = node.next_functions[1 if name == "AddmmBackward0" else 0][0]
+            x_edge = linears[node].input_edge
             return [x_edge] if x_edge is not None else []
-        return _children(node)
+        return children(node)
 
     # reaches[node] = (leads to an anchor, leads to a parameter left to autograd)
     reaches: dict[Any, tuple[bool, bool]] = {}
@@ -322,28 +240,3 @@ def backward_input(
                    group_params)
         )
     return [input_grads.get(id(x)) for x in inputs], weight
-
-
-def fused_backward(
-    outputs: Sequence[torch.Tensor],
-    grad_outputs: Sequence[torch.Tensor | None],
-    inputs: Sequence[torch.Tensor],
-    params: Sequence[torch.Tensor],
-    *,
-    pool: GradientPool | None = None,
-) -> list[torch.Tensor | None]:
-    """A full backward with gradient-accumulation fusion for the linear layers.
-
-    The gradients of ``inputs`` are returned (and not stored in ``.grad``); weight
-    gradients accumulate into ``.grad`` as with ``torch.autograd.backward``.
-
-    Example:
-        >>> lin = torch.nn.Linear(3, 3)
-        >>> x = torch.randn(2, 3, requires_grad=True)
-        >>> (gx,) = fused_backward([lin(x)], [torch.ones(2, 3)], [x], list(lin.parameters()))
-        >>> torch.allclose(lin.bias.grad, torch.full((3,), 2.0))
-        True
-    """
-    input_grads, weight = backward_input(outputs, grad_outputs, inputs, params, full=True, pool=pool)
-    weight.run()
-    return input_grads

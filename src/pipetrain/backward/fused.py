@@ -1,0 +1,101 @@
+"""A full backward in one autograd pass, with linear layers' weight gradients fused.
+
+:func:`fused_backward` walks the autograd graph of the outputs once to find the fusible
+linear layers (:mod:`.linears`), then runs ONE ``torch.autograd.backward`` whose inputs
+are the received tensors that need a gradient, every parameter left to autograd, and the
+output edge of every fusible linear layer. A pre-hook on each such layer's node receives
+the gradient of its output as the node is about to run, and accumulates the weight
+gradient in place right then, while that gradient is still in the cache; autograd itself
+computes only the layer's input gradient (the weight is no input of the pass). No graph
+is retained and nothing is walked twice.
+
+Only weights of at least :data:`~pipetrain.backward.linears.FUSE_MIN_ELEMENTS` elements
+are fused: for a small weight the Python hook costs more than autograd's accumulation.
+With nothing to fuse (no such weight among the parameters: nothing is walked; no linear
+layer; autocast, whose casts put the weights out of reach) it is autograd's backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.backward.linears import FUSE_MIN_ELEMENTS, Linear, find_linears, walk
+
+__all__ = ["fused_backward"]
+
+
+def fused_backward(
+    outputs: Sequence[torch.Tensor],
+    grad_outputs: Sequence[torch.Tensor | None],
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    *,
+    pool: GradientPool | None = None,
+    min_elements: int = FUSE_MIN_ELEMENTS,
+) -> list[torch.Tensor | None]:
+    """A full backward with gradient-accumulation fusion for the linear layers.
+
+    ``outputs[k]`` receives gradient ``grad_outputs[k]`` (``None`` for a scalar loss).
+    The gradients of ``inputs`` are returned (the ones that require grad; ``None`` for
+    the others), not stored in their ``.grad``; weight gradients accumulate into
+    ``.grad`` as with ``torch.autograd.backward``. ``pool`` lends the fused layers gradient buffers kept
+    from the last step; weights with fewer than ``min_elements`` elements are left to
+    autograd.
+
+    Example:
+        >>> lin = torch.nn.Linear(3, 3)
+        >>> x = torch.randn(2, 3, requires_grad=True)
+        >>> (gx,) = fused_backward([lin(x)], [torch.ones(2, 3)], [x], list(lin.parameters()),
+        ...                        min_elements=0)
+        >>> torch.allclose(lin.bias.grad, torch.full((3,), 2.0))
+        True
+    """
+    params = [p for p in params if p.requires_grad]
+    inputs = list(inputs)
+    pairs = [(t, g) for t, g in zip(outputs, grad_outputs) if t.requires_grad]
+    needed = [x for x in inputs if x.requires_grad]
+    if not pairs:
+        return [None] * len(inputs)
+    tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]
+    linears: dict[Any, Linear] = {}
+    if any(p.dim() == 2 and p.numel() >= min_elements for p in params):
+        roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node
+                 for t in tensors]
+        order, consumers = walk(roots)
+        linears = find_linears(order, consumers, params, min_elements=min_elements)
+    kept = [x.grad for x in needed]  # the inputs' own .grad is left as it was
+    for x in needed:
+        x.grad = None
+    try:
+        if not linears:
+            torch.autograd.backward(tensors, grads, inputs=[*needed, *params] or None)
+        else:
+            fused = {id(p) for linear in linears.values() for p in linear.params}
+            rest = [p for p in params if id(p) not in fused]
+            # the linear nodes are inputs of the pass, so each runs (and its hook fires)
+            # even when nothing below it needs a gradient; their weights are not, so
+            # autograd leaves them to the hooks
+            edges = [GradientEdge(node, 0) for node in linears]
+            handles = [node.register_prehook(_hook(linear, pool)) for node, linear in linears.items()]
+            try:
+                torch.autograd.backward(tensors, grads, inputs=[*needed, *rest, *edges])
+            finally:
+                for handle in handles:
+                    handle.remove()
+        found = {id(x): x.grad for x in needed}
+    finally:
+        for x, grad in zip(needed, kept):
+            x.grad = grad
+    return [found.get(id(x)) for x in inputs]
+
+
+def _hook(linear: Linear, pool: GradientPool | None) -> Any:
+    def accumulate(grads: tuple[torch.Tensor | None, ...]) -> None:
+        linear.accumulate(grads[0], pool)
+
+    return accumulate
