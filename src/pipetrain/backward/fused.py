@@ -80,7 +80,7 @@ def fused_backward(
             # the linear nodes are inputs of the pass, so each runs (and its hook fires)
             # even when nothing below it needs a gradient; their weights are not, so
             # autograd leaves them to the hooks
-            edges = [GradientEdge(node, 0) for node in linears]
+            edges: list[Any] = [GradientEdge(node, 0) for node in linears]
             handles = [node.register_prehook(_hook(linear, pool)) for node, linear in linears.items()]
             try:
                 torch.autograd.backward(tensors, grads, inputs=[*needed, *rest, *edges])

@@ -43,25 +43,6 @@ class _Group:
     params: list[torch.Tensor]
 
 
-def _accumulate(self, pool: GradientPool | None) -> None:
-        g = self.grad
-        if g is None:
-            return
-        if self.weight.grad is None:
-            buffer = pool.take(self.weight) if pool is not None else None
-            self.weight.grad = g.t().mm(self.x) if buffer is None else torch.mm(g.t(), self.x, out=buffer)
-            if pool is not None:
-                pool.lend(self.weight, self.weight.grad)
-        else:
-            self.weight.grad.addmm_(g.t(), self.x)
-        if self.bias is not None:
-            if self.bias.grad is None:
-                self.bias.grad = g.sum(0)
-            else:
-                self.bias.grad.add_(g.sum(0))
-        self.grad = None
-
-
 def _accumulate(params: Sequence[torch.Tensor], grads: Iterable[torch.Tensor | None]) -> None:
     for param, grad in zip(params, grads):
         if grad is None:
