@@ -292,10 +292,14 @@ class Pipeline:
                 self.async_state.fail(error)
             raise
 
-    def _mean_loss(self, io: StepIO) -> float:
+    def _local_loss(self, io: StepIO) -> torch.Tensor:
         local = torch.zeros((), dtype=torch.float64, device=self._scalar_device)
         for loss in io.losses.values():
             local += loss.double().to(self._scalar_device)
+        return local
+
+    def _mean_loss(self, io: StepIO) -> float:
+        local = self._local_loss(io)
         if dist.get_world_size() > 1:
             with self.guard():
                 dist.all_reduce(local)
@@ -341,12 +345,14 @@ class Pipeline:
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
         )
+        self.optimizers.loss_sum = lambda: self._local_loss(io)  # summed by the step check
         for module in self.layers.values():
             module.train()
         self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
-        loss = self._mean_loss(io) / loss_scale
+        check = self.optimizers.last_check  # its all-reduce summed the losses too
+        loss = (check.loss_sum if check is not None else self._mean_loss(io)) / loss_scale
         self.last_step_skipped = self.optimizers.skipped
         if self.last_step_skipped and self.config.nonfinite == "error" and not self.optimizers.overflowed:
             raise NonFiniteError.at_step(self.step + 1, loss=loss,
