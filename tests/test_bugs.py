@@ -247,7 +247,7 @@ def test_fused_weight_gradients_do_not_record_a_graph() -> None:
     import torch
     from torch import nn
 
-    from pipetrain.backward.split import GradientPool, fused_backward
+    from pipetrain.backward import GradientPool, fused_backward
 
     layers = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
     pool = GradientPool()

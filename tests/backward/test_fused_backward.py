@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipetrain.backward import GradientPool, backward_input, fused_backward
-from pipetrain.backward.linears import FUSE_MIN_ELEMENTS, find_linears, walk
+from pipetrain.backward.split import FUSE_MIN_ELEMENTS, _linears, _walk
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -124,8 +124,8 @@ def test_the_fusible_layers_are_found(case: str) -> None:
     module = build()
     x = make_input(0)
     out = module(x.requires_grad_(True) if x.is_floating_point() else x)
-    order, consumers = walk([out.grad_fn])
-    assert len(find_linears(order, consumers, module.parameters())) == fusible
+    order, consumers = _walk([out.grad_fn])
+    assert len(_linears(order, consumers, module.parameters())) == fusible
 
 
 def test_fused_layers_write_into_the_kept_buffers_and_leave_input_grads_alone() -> None:
@@ -157,8 +157,8 @@ def test_autocast_fuses_nothing_and_equals_autograd() -> None:
     x, target = _hidden(1).requires_grad_(True), _tokens(1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = gpt_loss(module(x), target)
-        order, consumers = walk([loss.grad_fn])
-        assert find_linears(order, consumers, module.parameters()) == {}
+        order, consumers = _walk([loss.grad_fn])
+        assert _linears(order, consumers, module.parameters()) == {}
         reference = gpt_loss(copy_(x.detach().clone().requires_grad_(True)), target)
     fused_backward([loss], [None], [x], list(module.parameters()))
     reference.backward()
@@ -173,8 +173,8 @@ def test_a_weight_with_a_hook_is_left_to_autograd() -> None:
     lin.weight.register_hook(lambda g: seen.append(g) or None)
     x = torch.randn(3, 4, requires_grad=True)
     out = lin(x)
-    order, consumers = walk([out.grad_fn])
-    assert find_linears(order, consumers, lin.parameters()) == {}
+    order, consumers = _walk([out.grad_fn])
+    assert _linears(order, consumers, lin.parameters()) == {}
     fused_backward([out], [torch.ones(3, 4)], [x], list(lin.parameters()), min_elements=0)
     assert len(seen) == 1 and lin.weight.grad is not None
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients"]
+__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients", "loss_sum"]
 
 NONFINITE_POLICIES = ("error", "skip", "ignore")
 """What a step with a non-finite loss or gradient norm does: ``error`` skips the update
@@ -82,6 +82,19 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
         return torch.zeros((), dtype=torch.float64, device=device)
     norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
     return norms.square().sum().to(device)
+
+
+def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of a rank's micro-batch losses, in float64 on ``device``.
+
+    Example:
+        >>> float(loss_sum([torch.tensor(0.5), torch.tensor(0.25)], torch.device("cpu")))
+        0.75
+    """
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for loss in losses:
+        total += loss.double().to(device)
+    return total
 
 
 def check_gradients(

@@ -26,7 +26,7 @@ from torch import nn
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
-from pipetrain.api.grad_check import NonFiniteError
+from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
 from pipetrain.api.pipeline_outputs import gather_outputs
@@ -292,14 +292,8 @@ class Pipeline:
                 self.async_state.fail(error)
             raise
 
-    def _local_loss(self, io: StepIO) -> torch.Tensor:
-        local = torch.zeros((), dtype=torch.float64, device=self._scalar_device)
-        for loss in io.losses.values():
-            local += loss.double().to(self._scalar_device)
-        return local
-
     def _mean_loss(self, io: StepIO) -> float:
-        local = self._local_loss(io)
+        local = loss_sum(io.losses.values(), self._scalar_device)
         if dist.get_world_size() > 1:
             with self.guard():
                 dist.all_reduce(local)
@@ -345,7 +339,7 @@ class Pipeline:
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
         )
-        self.optimizers.loss_sum = lambda: self._local_loss(io)  # summed by the step check
+        self.optimizers.loss_sum = lambda: loss_sum(io.losses.values(), self._scalar_device)
         for module in self.layers.values():
             module.train()
         self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)

@@ -6,7 +6,8 @@ Below the runtime (which runs stages with it) and the planner's profiler (which 
 it), above torch only.
 """
 
+from pipetrain.backward.fused import fused_backward
 from pipetrain.backward.gradient_pool import GradientPool
-from pipetrain.backward.split import WeightGradient, backward_input, fused_backward
+from pipetrain.backward.split import WeightGradient, backward_input
 
 __all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]

@@ -1,7 +1,7 @@
 """A full backward in one autograd pass, with linear layers' weight gradients fused.
 
 :func:`fused_backward` walks the autograd graph of the outputs once to find the fusible
-linear layers (:mod:`.linears`), then runs ONE ``torch.autograd.backward`` whose inputs
+linear layers (:mod:`.split`), then runs ONE ``torch.autograd.backward`` whose inputs
 are the received tensors that need a gradient, every parameter left to autograd, and the
 output edge of every fusible linear layer. A pre-hook on each such layer's node receives
 the gradient of its output as the node is about to run, and accumulates the weight
@@ -9,7 +9,7 @@ gradient in place right then, while that gradient is still in the cache; autogra
 computes only the layer's input gradient (the weight is no input of the pass). No graph
 is retained and nothing is walked twice.
 
-Only weights of at least :data:`~pipetrain.backward.linears.FUSE_MIN_ELEMENTS` elements
+Only weights of at least :data:`~pipetrain.backward.split.FUSE_MIN_ELEMENTS` elements
 are fused: for a small weight the Python hook costs more than autograd's accumulation.
 With nothing to fuse (no such weight among the parameters: nothing is walked; no linear
 layer; autocast, whose casts put the weights out of reach) it is autograd's backward.
@@ -24,7 +24,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from pipetrain.backward.gradient_pool import GradientPool
-from pipetrain.backward.linears import FUSE_MIN_ELEMENTS, Linear, find_linears, walk
+from pipetrain.backward.split import FUSE_MIN_ELEMENTS, _Linear, _linears, _walk
 
 __all__ = ["fused_backward"]
 
@@ -62,12 +62,12 @@ def fused_backward(
     if not pairs:
         return [None] * len(inputs)
     tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]
-    linears: dict[Any, Linear] = {}
+    linears: dict[Any, _Linear] = {}
     if any(p.dim() == 2 and p.numel() >= min_elements for p in params):
         roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node
                  for t in tensors]
-        order, consumers = walk(roots)
-        linears = find_linears(order, consumers, params, min_elements=min_elements)
+        order, consumers = _walk(roots)
+        linears = _linears(order, consumers, params, min_elements=min_elements)
     kept = [x.grad for x in needed]  # the inputs' own .grad is left as it was
     for x in needed:
         x.grad = None
@@ -94,8 +94,11 @@ def fused_backward(
     return [found.get(id(x)) for x in inputs]
 
 
-def _hook(linear: Linear, pool: GradientPool | None) -> Any:
+def _hook(linear: _Linear, pool: GradientPool | None) -> Any:
+    """A pre-hook that accumulates ``linear``'s weight gradient from its output gradient."""
+
     def accumulate(grads: tuple[torch.Tensor | None, ...]) -> None:
-        linear.accumulate(grads[0], pool)
+        linear.grad = grads[0]
+        linear.run(pool)  # frees the saved input (``linear.x``) and the gradient
 
     return accumulate

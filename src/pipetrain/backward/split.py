@@ -14,8 +14,13 @@ needs it and defer the weight-gradient pass to fill bubbles. This works for any 
    a fresh gradient plus an addition: gradient-accumulation fusion), and restarts
    autograd at the other boundaries (``GradientEdge``) for the remaining weights.
 
-Which linear layers fuse: :mod:`.linears`. A full backward (no split) takes the single
-pass of :mod:`.fused` instead.
+A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input
+``x`` and a 2-D weight that is a parameter of the stage, either transposed (``x @ W.T``:
+``nn.Linear``, ``F.linear``; a 3-D input is flattened into such a node) or not
+(``x @ W``: Hugging Face's ``Conv1D``), the weight (and bias) feed no other node, and
+they carry no Python hooks. Under autocast the weight reaches the GEMM through a cast,
+so nothing fuses there. Everything else takes autograd's path. A full backward (no
+split) runs in one pass instead: :mod:`.fused`.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from pipetrain.backward.fused import fused_backward
 from pipetrain.backward.gradient_pool import GradientPool
-from pipetrain.backward.linears import Linear, children, find_linears, walk
 
-__all__ = ["GradientPool", "WeightGradient", "backward_input", "fused_backward"]
+__all__ = ["FUSE_MIN_ELEMENTS", "GradientPool", "WeightGradient", "backward_input"]
+
+FUSE_MIN_ELEMENTS = 1 << 18
+"""Weights smaller than this (1 MiB in fp32) are left to autograd in a full backward
+(:mod:`.fused`): accumulating a small weight's gradient costs autograd little (its
+transposed addition stays in cache), less than the Python call that would fuse it."""
 
 
 @dataclass
@@ -41,6 +49,48 @@ class _Group:
     edges: list[GradientEdge]
     grads: list[torch.Tensor]
     params: list[torch.Tensor]
+
+
+@dataclass
+class _Linear:
+    """A fusible linear layer: ``y = x @ weight.T (+ bias)`` (``transposed``) or
+    ``y = x @ weight (+ bias)``, and the gradient of ``y``."""
+
+    node: Any
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    x: torch.Tensor | None
+    """the saved input (``None`` once accumulated: the layer's input may be freed then)"""
+    transposed: bool = True
+    grad: torch.Tensor | None = None
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
+
+    def run(self, pool: GradientPool | None) -> None:
+        with torch.no_grad():  # the saved input requires grad; the accumulation must not
+            self._accumulate(pool)
+        self.x = None
+
+    def _accumulate(self, pool: GradientPool | None) -> None:
+        g, x = self.grad, self.x
+        if g is None or x is None:
+            return
+        a, b = (g.t(), x) if self.transposed else (x.t(), g)
+        if self.weight.grad is None:
+            buffer = pool.take(self.weight) if pool is not None else None
+            self.weight.grad = a.mm(b) if buffer is None else torch.mm(a, b, out=buffer)
+            if pool is not None:
+                pool.lend(self.weight, self.weight.grad)
+        else:
+            self.weight.grad.addmm_(a, b)
+        if self.bias is not None:
+            if self.bias.grad is None:
+                self.bias.grad = g.sum(0)
+            else:
+                self.bias.grad.add_(g.sum(0))
+        self.grad = None
 
 
 def _accumulate(params: Sequence[torch.Tensor], grads: Iterable[torch.Tensor | None]) -> None:
@@ -58,7 +108,7 @@ class WeightGradient:
     """The deferred weight-gradient pass of one micro-batch (see :func:`backward_input`)."""
 
     groups: list[_Group] = field(default_factory=list)
-    linears: list[Linear] = field(default_factory=list)
+    linears: list[_Linear] = field(default_factory=list)
     pool: GradientPool | None = None
 
     def run(self) -> None:
@@ -74,6 +124,92 @@ class WeightGradient:
         self.groups.clear()
 
 
+def _children(node: Any) -> list[Any]:
+    return [child for child, _ in node.next_functions if child is not None]
+
+
+def _has_hooks(tensor: torch.Tensor) -> bool:
+    return bool(getattr(tensor, "_backward_hooks", None)) or bool(
+        getattr(tensor, "_post_accumulate_grad_hooks", None)
+    )
+
+
+def _own_param(node: Any, consumers: dict[Any, int], params: set[int]) -> torch.Tensor | None:
+    """The parameter accumulated by ``node`` if it is one of ``params`` used only there."""
+    param = getattr(node, "variable", None) if node is not None else None
+    if param is None or id(param) not in params or consumers.get(node) != 1 or _has_hooks(param):
+        return None
+    return param  # type: ignore[no-any-return]
+
+
+def _as_linear(node: Any, consumers: dict[Any, int], params: set[int]) -> _Linear | None:
+    name = node.name()
+    if name == "AddmmBackward0":
+        if node._saved_alpha != 1 or node._saved_beta != 1:
+            return None
+        (bias_node, _), _, (w_node, _) = node.next_functions
+        x = node._saved_mat1
+    elif name == "MmBackward0":
+        _, (w_node, _) = node.next_functions
+        bias_node, x = None, node._saved_self
+    else:
+        return None
+    transposed = w_node is not None and w_node.name() == "TBackward0"
+    if transposed:
+        if consumers.get(w_node) != 1:
+            return None
+        w_node = w_node.next_functions[0][0]
+    weight = _own_param(w_node, consumers, params)
+    if weight is None or weight.dim() != 2 or x is None or x.dim() != 2 or x.dtype != weight.dtype:
+        return None
+    bias = None
+    if bias_node is not None:
+        bias = _own_param(bias_node, consumers, params)
+        if bias is None or bias.dim() != 1:
+            return None
+    return _Linear(node, weight, bias, x, transposed)
+
+
+def _linears(order: Sequence[Any], consumers: dict[Any, int], params: Sequence[torch.Tensor],
+             *, min_elements: int = 0) -> dict[Any, _Linear]:
+    """The fusible linear layers among ``order`` whose weights have at least
+    ``min_elements`` elements, by node."""
+    ids = {id(p) for p in params if p.dim() != 2 or p.numel() >= min_elements}
+    found = {}
+    for node in order:
+        linear = _as_linear(node, consumers, ids)
+        if linear is not None:
+            found[node] = linear
+    return found
+
+
+def _input_edge(node: Any) -> Any:
+    """The node a fusible linear layer's node passes its input's gradient to."""
+    return node.next_functions[1 if node.name() == "AddmmBackward0" else 0][0]
+
+
+def _walk(roots: list[Any]) -> tuple[list[Any], dict[Any, int]]:
+    """Every node under ``roots`` (children before parents) and its number of consumers."""
+    order: list[Any] = []
+    consumers: dict[Any, int] = {}
+    seen: set[Any] = set()
+    stack: list[tuple[Any, bool]] = [(root, False) for root in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for child in _children(node):
+            consumers[child] = consumers.get(child, 0) + 1
+            if child not in seen:
+                stack.append((child, False))
+    return order, consumers
+
+
 def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Tensor]:
     found: dict[int, torch.Tensor] = {}
     stack, seen = [node], set()
@@ -84,7 +220,7 @@ def _params_below(node: Any, param_of: dict[Any, torch.Tensor]) -> list[torch.Te
         seen.add(current)
         if current in param_of:
             found[id(param_of[current])] = param_of[current]
-        stack.extend(children(current))
+        stack.extend(_children(current))
     return list(found.values())
 
 
@@ -124,16 +260,16 @@ def backward_input(
     if not pairs:
         return [None] * len(inputs), weight
     roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node for t, _ in pairs]
-    order, consumers = walk(roots)
+    order, consumers = _walk(roots)
     param_of = {get_gradient_edge(p).node: p for p in params}
-    linears = find_linears(order, consumers, params) if fuse else {}
+    linears = _linears(order, consumers, params) if fuse else {}
     input_nodes = {get_gradient_edge(x).node for x in needed}
 
     def followed(node: Any) -> list[Any]:
         if node in linears:  # its weight and bias are the fused pass's
-            x_edge = linears[node].input_edge
+            x_edge = _input_edge(node)
             return [x_edge] if x_edge is not None else []
-        return children(node)
+        return _children(node)
 
     # reaches[node] = (leads to an anchor, leads to a parameter left to autograd)
     reaches: dict[Any, tuple[bool, bool]] = {}

@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from pipetrain.backward.split import backward_input, fused_backward
+from pipetrain.backward.fused import fused_backward
+from pipetrain.backward.split import backward_input
 from pipetrain.nested import iter_tensors, map_tensors
 
 __all__ = [

@@ -31,12 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipetrain.backward.split import (
-    GradientPool,
-    WeightGradient,
-    backward_input,
-    fused_backward,
-)
+from pipetrain.backward.fused import fused_backward
+from pipetrain.backward.split import GradientPool, WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
 from pipetrain.runtime.precision import stage_autocast
