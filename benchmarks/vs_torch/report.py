@@ -201,6 +201,15 @@ def print_transformer(result: dict[str, Any]) -> None:
         print(_gap_line(f"pipetrain {schedule}", entry["pipetrain"]))
         for label, row in entry["torch"].items():
             print(_gap_line(f"torch {label}", row))
+    b = result["breakdown"]
+    print(f"\nFrom one process to the ideal pipeline (isolated costs only): full batch "
+          f"{ms(b['single_full_batch_s']).strip()} ms; on micro-batches "
+          f"{ms(b['single_microbatched_s']).strip()} ms ({pct(b['microbatch_efficiency_loss'])}: "
+          f"smaller GEMMs); half of that (2 ranks, perfect balance, no bubble) "
+          f"{ms(b['half_of_microbatched_s']).strip()} ms; the cut's work per rank "
+          f"{stage_ms(b['stage_work_s'])} ms; ideal 1f1b {ms(b['ideal_1f1b_s']).strip()} ms, "
+          f"gpipe {ms(b['ideal_gpipe_s']).strip()} ms (+ the bubble: a stage's first forward "
+          "and last backward alone, the optimizer steps)")
     one, both = result["stage_costs_one_process_s"], result["stage_costs_contended_s"]
     print(f"  stage costs, one process (ms): F {stage_ms(one['forward'])} B "
           f"{stage_ms(one['backward'])} step {stage_ms(one['step'])}")

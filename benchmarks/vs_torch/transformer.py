@@ -101,6 +101,20 @@ def _best_balance(layers: Sequence[dict[str, float]], microbatches: int) -> list
     return [best, n - best]
 
 
+def _single_isolated(factories: Sequence[Any], batches: Any, opts: Any) -> float:
+    """The median full-batch step of the whole model in this process alone."""
+    import time
+
+    single = _Single(factories)
+    times = []
+    for k in range(opts.tf_cost_rounds + 2):
+        start = time.perf_counter()
+        single.step(*batches(k))
+        if k >= 1:  # the first warms up
+            times.append(time.perf_counter() - start)
+    return median(times)
+
+
 class _Single:
     """The whole model in this process, the full batch at once (rank 0 only)."""
 
@@ -148,9 +162,10 @@ def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     def batches(k: int) -> tuple[Any, Any]:
         return dataset.batch(k, opts.tf_batch)
 
-    layers = _layer_costs(factories, batches, opts) if rank == 0 else None
+    isolated = ((_layer_costs(factories, batches, opts), _single_isolated(factories, batches, opts))
+                if rank == 0 else None)
     dist.barrier()
-    layers = gather_objects(layers)[0]
+    layers, single_isolated = gather_objects(isolated)[0]
     balance = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance == "auto"
                else [int(v) for v in opts.tf_balance.split(",")])
     ranges = stage_ranges(len(factories), 2, balance)
@@ -182,7 +197,8 @@ def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     if rank != 0:
         return {}
     return {"runners": info, "gathered": gathered, "failures": failures, "first_losses": losses,
-            "layer_costs": layers, "balance": balance, "contended": contended}
+            "layer_costs": layers, "balance": balance, "contended": contended,
+            "single_isolated_s": single_isolated}
 
 
 def analyse_transformer(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
@@ -219,7 +235,19 @@ def analyse_transformer(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
             ours["ideal_speedup_microbatched"] = microbatched / ours["ideal_s"]
         for row in entry["torch"].values():
             row["speedup_vs_single"] = single["median_s"] / row["median_s"]
+    # what stands between one process and the ideal pipeline, from isolated costs only
+    breakdown = {
+        "single_full_batch_s": raw["single_isolated_s"],
+        "single_microbatched_s": microbatched,
+        "microbatch_efficiency_loss": microbatched / raw["single_isolated_s"] - 1.0,
+        "half_of_microbatched_s": microbatched / 2,
+        "ideal_1f1b_s": per_schedule.get("1f1b", {}).get("pipetrain", {}).get("ideal_s"),
+        "ideal_gpipe_s": per_schedule.get("gpipe", {}).get("pipetrain", {}).get("ideal_s"),
+        "stage_work_s": [M * (f + b) + st for f, b, st in zip(
+            one_process["forward"], one_process["backward"], one_process["step"])],
+    }
     return {
+        "breakdown": breakdown,
         "model": {"blocks": opts.tf_blocks, "width": opts.tf_width, "heads": opts.tf_heads,
                   "seq": opts.tf_seq, "batch": opts.tf_batch, "microbatches": M,
                   "balance": balance},
