@@ -37,7 +37,6 @@ Run it
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -147,7 +146,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipetrain.launch import run_processes
+    from harness import dump_json, run_job
 
     args = parse_args(argv)
     options = {
@@ -158,10 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "skip": min(args.skip, max(args.steps - 1, 0)), "val_batches": args.val_batches,
         "runners": [r for r in args.runners.split(",") if r],
     }
-    result = run_processes(job, args.stages, options, timeout=args.timeout)[0]
+    result = run_job(job, options, world_size=args.stages, timeout=args.timeout)[0]
     summary = summarize(result, options)
     if args.json:
-        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.write(dump_json(summary) + "\n")
         return 0
     print(f"default LM task, {args.stages} stages x 1 thread, {args.steps} steps of "
           f"{args.batch_size} sequences ({summary['samples']} samples), M = {args.microbatches}; "

@@ -48,16 +48,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipetrain.launch import run_processes
+from harness import dump_json, machine_info, median, run_job
 
 GOAL_SPEEDUP = 1.3
 GOAL_ERROR = 0.15
@@ -172,10 +170,6 @@ def worker(ctx: Any, opts: Any) -> dict[str, Any]:
             "schedules": schedules, "balances": balances}
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequence[int],
                bandwidth: float) -> dict[str, Any]:
     """The pipetrain model's step for a layout under the plan's choices, and its
@@ -214,7 +208,7 @@ def _measured(name: str, gathered: Sequence[Any], schedule: Any) -> dict[str, An
         measures.append(measure)
         simulated.append(simulate(schedule, measure.mean_costs).makespan)
     summary = aggregate(measures)
-    return {"makespan_s": summary.makespan, "simulated_on_measured_s": _median(simulated),
+    return {"makespan_s": summary.makespan, "simulated_on_measured_s": median(simulated),
             "costs": summary.mean_costs.per_stage(schedule.num_stages)}
 
 
@@ -236,7 +230,7 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         replicas = [s.replicas for s in plan.stages]
         predicted = _predicted(profile, plan, balance, replicas, planned["bandwidth"])
         measured = _measured(name, gathered, raw["schedules"][name])
-        step = _median(steps)
+        step = median(steps)
         out["layouts"][name] = {
             "balance": balance, "replicas": replicas, "step_s": step, "steps_s": steps,
             "schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
@@ -313,17 +307,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
-    load = list(os.getloadavg())
+    machine = machine_info()
+    load = machine["loadavg_start"]
     began = time.perf_counter()
-    raw = run_processes(worker, opts.workers, opts, timeout=opts.timeout)[0]
+    raw = run_job(worker, opts, world_size=opts.workers, timeout=opts.timeout)[0]
     result = analyse(raw)
-    result["machine"] = {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                         "loadavg_start": load, "loadavg_end": list(os.getloadavg())}
+    result["machine"] = {**machine, "loadavg_end": list(os.getloadavg())}
     result["seconds"] = time.perf_counter() - began
     result["goals"] = {"speedup": result["speedup"] >= GOAL_SPEEDUP,
                        "prediction": abs(result["layouts"]["plan"]["error"]) <= GOAL_ERROR}
     if opts.json:
-        print(json.dumps(result))
+        print(dump_json(result))
     else:
         report(result, opts)
         print(f"load average {load} at the start, {result['machine']['loadavg_end']} at the "

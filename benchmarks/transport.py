@@ -31,13 +31,11 @@ Run (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from typing import Any
 
-from pipetrain.launch import run_processes
+from harness import dump_json, median, run_job
 
 VARIANTS = ("raw", "inline", "inline+thread", "apart", "apart+thread")
 WIDTH = 1024
@@ -98,7 +96,7 @@ def _job(ctx: Any, rows: list[int], reps: int, messages: int, warmup: int) -> di
                 seconds = batch(variant, tensor, buffer)
                 if rep >= warmup:
                     times[variant].append(seconds)
-        results[str(n)] = {v: statistics.median(ts) for v, ts in times.items()}
+        results[str(n)] = {v: median(ts) for v, ts in times.items()}
     for t in transports.values():
         t.close()
     return results
@@ -113,10 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
-    outcome = run_processes(_job, 2, rows, args.reps, args.messages, args.warmup, timeout=1800)
+    outcome = run_job(_job, rows, args.reps, args.messages, args.warmup, timeout=1800)
     results = outcome[0]
     if args.json:
-        sys.stdout.write(json.dumps({"round_trip_s": results, "config": vars(args)}, indent=1) + "\n")
+        sys.stdout.write(dump_json({"round_trip_s": results, "config": vars(args)}) + "\n")
         return 0
     sys.stdout.write("median round trip (ratio to raw isend/irecv of the known shape)\n")
     for n, by_variant in results.items():

@@ -27,17 +27,23 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from pipetrain.launch import run_processes
+from harness import (
+    dump_json,
+    foreign_load,
+    gather_objects,
+    interleave,
+    load_line,
+    median,
+    run_job,
+    step_times,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -118,13 +124,18 @@ def _torch(args: argparse.Namespace, split: str) -> tuple[Any, Any]:
     return step, tied
 
 
-def _timed(step: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    dist.barrier()
-    start = time.perf_counter()
-    loss = step(x, y)
-    elapsed = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed), loss
+class _Runner:
+    """One framework's training step for the harness; keeps its first loss."""
+
+    def __init__(self, label: str, step: Any) -> None:
+        self.label = label
+        self._step = step
+        self.first_loss: float | None = None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = self._step(x, y)
+        if self.first_loss is None:
+            self.first_loss = loss
 
 
 def _gap(tied: Any) -> float:
@@ -137,24 +148,22 @@ def _gap(tied: Any) -> float:
 def worker(ctx: Any, args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     split = f"transformer.h.{args.layers // 2}"
-    runners = {"pipetrain": _pipetrain(args, ctx, split)}
+    built = {"pipetrain": _pipetrain(args, ctx, split)}
     try:
-        runners["torch"] = _torch(args, split)
+        built["torch"] = _torch(args, split)
         torch_error = None
     except Exception as error:  # reported, not hidden
         torch_error = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    first: dict[str, float] = {}
-    for rep in range(args.warmup + args.reps):
-        x, y = _batch(args, rep)
-        for name, (step, _) in runners.items():
-            seconds, loss = _timed(step, x, y)
-            first.setdefault(name, loss)
-            if rep >= args.warmup:
-                times[name].append(seconds)
-    return {"median_s": {n: statistics.median(t) for n, t in times.items()},
-            "first_loss": first, "tied_gap": {n: _gap(r[1]) for n, r in runners.items()},
-            "steps": args.warmup + args.reps, "torch_error": torch_error}
+    runners = [_Runner(name, step) for name, (step, _) in built.items()]
+    samples, window = interleave(runners, lambda k: _batch(args, k), reps=args.reps,
+                                 warmup=args.warmup)
+    gathered = gather_objects({"samples": samples, "window": window})
+    per_rank = [g["samples"] for g in gathered]
+    return {"median_s": {r.label: median(step_times(per_rank, r.label)) for r in runners},
+            "first_loss": {r.label: r.first_loss for r in runners},
+            "tied_gap": {n: _gap(r[1]) for n, r in built.items()},
+            "steps": args.warmup + args.reps, "torch_error": torch_error,
+            "load_during_timing": foreign_load([g["window"] for g in gathered])}
 
 
 def main() -> None:
@@ -172,16 +181,18 @@ def main() -> None:
                         help="pipetrain: leave weight gradients to autograd")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
-    result = run_processes(worker, 2, args, timeout=1800)[0]
+    result = run_job(worker, args, timeout=1800)[0]
     result["args"] = vars(args)
     times = result["median_s"]
     if "torch" in times:
         result["throughput_ratio"] = times["torch"] / times["pipetrain"]
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(dump_json(result))
         return
     print(f"HF GPT-2, {args.layers} blocks x {args.width}, batch {args.batch} x {args.seq} tokens, "
-          f"{args.microbatches} micro-batches, 2 stages (measured under load: ratios only)")
+          f"{args.microbatches} micro-batches, 2 stages (medians of {args.reps} interleaved "
+          "repetitions)")
+    print(load_line(result["load_during_timing"]))
     for name, seconds in times.items():
         print(f"  {name:9s} step {seconds * 1e3:8.1f} ms  first loss {result['first_loss'][name]:.5f}"
               f"  tied-weight gap after {result['steps']} steps {result['tied_gap'][name]:.3g}")

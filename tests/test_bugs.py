@@ -254,7 +254,8 @@ def test_fused_weight_gradients_do_not_record_a_graph() -> None:
     for _ in range(2):
         x = torch.randn(3, 4, requires_grad=True)
         out = layers(x)
-        fused_backward([out], [torch.ones_like(out)], [x], list(layers.parameters()), pool=pool)
+        fused_backward([out], [torch.ones_like(out)], [x], list(layers.parameters()), pool=pool,
+                       min_elements=0)  # fuse these small layers too
         for p in layers.parameters():
             assert p.grad is not None and not p.grad.requires_grad and p.grad.grad_fn is None
         pool.release(layers.parameters())

@@ -93,11 +93,12 @@ def _train(gpipe: nn.Module, x: torch.Tensor, steps: int, keep: list | None = No
 
 
 def test_a_stage_keeps_no_dropped_gradient_by_default():
-    stage = StageCompute(nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4)),
+    # layers large enough to be fused (smaller weights are left to autograd)
+    stage = StageCompute(nn.Sequential(nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 512)),
                          stage_index=0, device=torch.device("cpu"))
     for key in range(2):
-        stage.forward(key, torch.randn(3, 4), checkpointed=False)
-        stage.backward(key, [torch.ones(3, 4)])
+        stage.forward(key, torch.randn(3, 512), checkpointed=False)
+        stage.backward(key, [torch.ones(3, 512)])
         first = weakref.ref(stage.module[0].weight.grad)
         stage.module.zero_grad(set_to_none=True)
         assert first() is None and len(stage.gradient_pool) == 0  # freed, not kept
@@ -106,9 +107,10 @@ def test_a_stage_keeps_no_dropped_gradient_by_default():
 
 def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    # layers large enough to be fused (smaller weights are left to autograd)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
     reference = copy.deepcopy(model)
-    x = torch.randn(6, 8)
+    x = torch.randn(6, 512)
     gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3,
                             reuse_gradient_buffers=True)
     pointers = []
@@ -125,8 +127,8 @@ def test_gpipe_writes_the_next_steps_gradient_into_the_dropped_buffer():
 
 def test_gpipe_leaves_gradients_the_user_kept_untouched():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
-    x = torch.randn(6, 8)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
+    x = torch.randn(6, 512)
     gpipe = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=3,
                             reuse_gradient_buffers=True)
     kept: list[torch.Tensor] = []

@@ -1,8 +1,9 @@
 """The global gradient check of a step: one norm over all stages, clipping, the NaN guard.
 
 Before the first optimizer step of a training step, every rank adds up the squared
-norm of its stages' gradients (each weight counted once) and a flag telling whether any
-loss it computed was non-finite; one all-reduce over the whole job makes both global.
+norm of its stages' gradients (each weight counted once), a flag telling whether any
+loss it computed was non-finite, and the sum of those losses; one all-reduce over the
+whole job makes all three global (the step's mean loss needs no collective of its own).
 Every rank therefore takes the same decision: clip by the global norm, and apply the
 update only when the loss and the norm are finite (``nonfinite='error'`` or ``'skip'``).
 """
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients"]
+__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients", "loss_sum"]
 
 NONFINITE_POLICIES = ("error", "skip", "ignore")
 """What a step with a non-finite loss or gradient norm does: ``error`` skips the update
@@ -64,6 +65,8 @@ class GradCheck:
     """The global L2 norm of the gradients (before clipping)."""
     loss_finite: bool
     """Whether every micro-batch loss of the step was finite."""
+    loss_sum: float = 0.0
+    """The sum of every rank's ``loss_sum`` (the step's weighted micro-batch losses)."""
 
     @property
     def finite(self) -> bool:
@@ -81,6 +84,19 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
     return norms.square().sum().to(device)
 
 
+def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of a rank's micro-batch losses, in float64 on ``device``.
+
+    Example:
+        >>> float(loss_sum([torch.tensor(0.5), torch.tensor(0.25)], torch.device("cpu")))
+        0.75
+    """
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for loss in losses:
+        total += loss.double().to(device)
+    return total
+
+
 def check_gradients(
     params: Iterable[nn.Parameter],
     *,
@@ -88,6 +104,7 @@ def check_gradients(
     replicas: int,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    loss_sum: float | torch.Tensor = 0.0,
 ) -> GradCheck:
     """The global gradient norm and loss finiteness of a step (every rank of ``group`` calls it).
 
@@ -95,6 +112,7 @@ def check_gradients(
     replica (a tied copy on another stage is left out); after the data-parallel
     all-reduce every replica of a stage holds the same gradients, so each rank adds its
     share divided by its stage's ``replicas`` (which may differ from stage to stage).
+    ``loss_sum`` (this rank's losses added up, float64) travels in the same all-reduce.
 
     Example (one process)::
 
@@ -103,9 +121,10 @@ def check_gradients(
         check.grad_norm, check.finite
     """
     flag = torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64, device=device)
-    values = torch.stack([_squared_norm(params, device) / replicas, flag])
+    losses = torch.as_tensor(loss_sum, dtype=torch.float64).to(device)
+    values = torch.stack([_squared_norm(params, device) / replicas, flag, losses])
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(values, group=group)
-    squared, bad_losses = (float(v) for v in values.cpu())
+    squared, bad_losses, total = (float(v) for v in values.cpu())
     return GradCheck(grad_norm=math.sqrt(squared) if squared >= 0 else math.nan,
-                     loss_finite=bad_losses == 0.0)
+                     loss_finite=bad_losses == 0.0, loss_sum=total)

@@ -104,6 +104,9 @@ class StageOptimizers:
         self.losses_finite: Callable[[], bool] = lambda: True
         """Whether the losses this rank computed in the current step are all finite (set
         by the pipeline for each step)."""
+        self.loss_sum: Callable[[], torch.Tensor | float] = lambda: 0.0
+        """The sum of the losses this rank computed in the current step (set by the
+        pipeline for each step; added up over the job by the step check)."""
         self.scaler = scaler
         """fp16's dynamic loss scale (the gradients arrive multiplied by its scale)."""
         self.overflowed = False
@@ -187,7 +190,7 @@ class StageOptimizers:
             return
         check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
                                 replicas=self.dp_size, device=self.scalar_device,
-                                group=self.check_group)
+                                group=self.check_group, loss_sum=self.loss_sum())
         if self.scaler is not None:
             check = self._unscale(check, self.scaler)
         self.last_check = check
@@ -209,7 +212,7 @@ class StageOptimizers:
             scaler.unscale_([p.grad for p in unique.values() if p.grad is not None])
         norm = check.grad_norm / scaler.scale
         scaler.update(finite=check.finite)
-        return GradCheck(grad_norm=norm, loss_finite=check.loss_finite)
+        return GradCheck(grad_norm=norm, loss_finite=check.loss_finite, loss_sum=check.loss_sum)
 
     def step(self, stage: int) -> None:
         if not self._stepped:

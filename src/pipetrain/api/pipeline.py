@@ -26,7 +26,7 @@ from torch import nn
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
-from pipetrain.api.grad_check import NonFiniteError
+from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
 from pipetrain.api.pipeline_outputs import gather_outputs, mean_loss
@@ -300,11 +300,13 @@ class Pipeline:
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
         )
+        self.optimizers.loss_sum = lambda: loss_sum(io.losses.values(), self._scalar_device)
         self._set_mode(training=True)
         self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
-        loss = self._mean_loss(io) / loss_scale
+        check = self.optimizers.last_check  # its all-reduce summed the losses too
+        loss = (check.loss_sum if check is not None else self._mean_loss(io)) / loss_scale
         self.last_step_skipped = self.optimizers.skipped
         if self.last_step_skipped and self.config.nonfinite == "error" and not self.optimizers.overflowed:
             raise NonFiniteError.at_step(self.step + 1, loss=loss,

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipetrain.api.grad_check import loss_sum
 from pipetrain.api.layout import Layout
 from pipetrain.microbatch import merge_batches
 
@@ -57,9 +58,7 @@ def mean_loss(losses: Iterable[torch.Tensor], *, device: torch.device) -> float:
         >>> mean_loss([torch.tensor(0.25), torch.tensor(0.5)], device=torch.device("cpu"))
         0.75
     """
-    local = torch.zeros((), dtype=torch.float64, device=device)
-    for loss in losses:
-        local += loss.double().to(device)
+    local = loss_sum(losses, device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(local)
     return float(local)

@@ -14,9 +14,13 @@ needs it and defer the weight-gradient pass to fill bubbles. This works for any 
    a fresh gradient plus an addition: gradient-accumulation fusion), and restarts
    autograd at the other boundaries (``GradientEdge``) for the remaining weights.
 
-A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input and
-a transposed 2-D weight (``nn.Linear`` and ``F.linear``), the weight (and bias) feed no
-other node, and they carry no Python hooks. Everything else takes autograd's path.
+A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input
+``x`` and a 2-D weight that is a parameter of the stage, either transposed (``x @ W.T``:
+``nn.Linear``, ``F.linear``; a 3-D input is flattened into such a node) or not
+(``x @ W``: Hugging Face's ``Conv1D``), the weight (and bias) feed no other node, and
+they carry no Python hooks. Under autocast the weight reaches the GEMM through a cast,
+so nothing fuses there. Everything else takes autograd's path. A full backward (no
+split) runs in one pass instead: :mod:`.fused`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from pipetrain.backward.gradient_pool import GradientPool
 from pipetrain.backward.roots import Root, start_points
 
-__all__ = ["GradientPool", "WeightGradient", "backward_input"]
+__all__ = ["FUSE_MIN_ELEMENTS", "GradientPool", "WeightGradient", "backward_input"]
+
+FUSE_MIN_ELEMENTS = 1 << 18
+"""Weights smaller than this (1 MiB in fp32) are left to autograd in a full backward
+(:mod:`.fused`): accumulating a small weight's gradient costs autograd little (its
+transposed addition stays in cache), less than the Python call that would fuse it."""
 
 
 @dataclass
@@ -46,14 +55,20 @@ class _Group:
 
 @dataclass
 class _Linear:
-    """A fusible linear layer: ``y = x @ weight.T (+ bias)``, and the gradient of ``y``."""
+    """A fusible linear layer: ``y = x @ weight.T (+ bias)`` (``transposed``) or
+    ``y = x @ weight (+ bias)``, and the gradient of ``y``."""
 
     node: Any
     weight: torch.Tensor
     bias: torch.Tensor | None
     x: torch.Tensor | None
     """the saved input (``None`` once accumulated: the layer's input may be freed then)"""
+    transposed: bool = True
     grad: torch.Tensor | None = None
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
 
     def run(self, pool: GradientPool | None) -> None:
         with torch.no_grad():  # the saved input requires grad; the accumulation must not
@@ -61,16 +76,17 @@ class _Linear:
         self.x = None
 
     def _accumulate(self, pool: GradientPool | None) -> None:
-        g = self.grad
-        if g is None or self.x is None:
+        g, x = self.grad, self.x
+        if g is None or x is None:
             return
+        a, b = (g.t(), x) if self.transposed else (x.t(), g)
         if self.weight.grad is None:
             buffer = pool.take(self.weight) if pool is not None else None
-            self.weight.grad = g.t().mm(self.x) if buffer is None else torch.mm(g.t(), self.x, out=buffer)
+            self.weight.grad = a.mm(b) if buffer is None else torch.mm(a, b, out=buffer)
             if pool is not None:
                 pool.lend(self.weight, self.weight.grad)
         else:
-            self.weight.grad.addmm_(g.t(), self.x)
+            self.weight.grad.addmm_(a, b)
         if self.bias is not None:
             if self.bias.grad is None:
                 self.bias.grad = g.sum(0)
@@ -120,34 +136,58 @@ def _has_hooks(tensor: torch.Tensor) -> bool:
     )
 
 
+def _own_param(node: Any, consumers: dict[Any, int], params: set[int]) -> torch.Tensor | None:
+    """The parameter accumulated by ``node`` if it is one of ``params`` used only there."""
+    param = getattr(node, "variable", None) if node is not None else None
+    if param is None or id(param) not in params or consumers.get(node) != 1 or _has_hooks(param):
+        return None
+    return param  # type: ignore[no-any-return]
+
+
 def _as_linear(node: Any, consumers: dict[Any, int], params: set[int]) -> _Linear | None:
     name = node.name()
     if name == "AddmmBackward0":
         if node._saved_alpha != 1 or node._saved_beta != 1:
             return None
-        (bias_node, _), _, (t_node, _) = node.next_functions
+        (bias_node, _), _, (w_node, _) = node.next_functions
         x = node._saved_mat1
     elif name == "MmBackward0":
-        _, (t_node, _) = node.next_functions
+        _, (w_node, _) = node.next_functions
         bias_node, x = None, node._saved_self
     else:
         return None
-    if t_node is None or t_node.name() != "TBackward0" or consumers.get(t_node) != 1:
-        return None
-    accumulate = t_node.next_functions[0][0]
-    weight = getattr(accumulate, "variable", None)
-    if weight is None or id(weight) not in params or consumers.get(accumulate) != 1:
+    transposed = w_node is not None and w_node.name() == "TBackward0"
+    if transposed:
+        if consumers.get(w_node) != 1:
+            return None
+        w_node = w_node.next_functions[0][0]
+    weight = _own_param(w_node, consumers, params)
+    if weight is None or weight.dim() != 2 or x is None or x.dim() != 2 or x.dtype != weight.dtype:
         return None
     bias = None
     if bias_node is not None:
-        bias = getattr(bias_node, "variable", None)
-        if bias is None or id(bias) not in params or consumers.get(bias_node) != 1:
+        bias = _own_param(bias_node, consumers, params)
+        if bias is None or bias.dim() != 1:
             return None
-    if weight.dim() != 2 or x is None or x.dim() != 2 or _has_hooks(weight):
-        return None
-    if bias is not None and (bias.dim() != 1 or _has_hooks(bias)):
-        return None
-    return _Linear(node, weight, bias, x)
+    return _Linear(node, weight, bias, x, transposed)
+
+
+def _linears(order: Sequence[Any], consumers: dict[Any, int], params: Sequence[torch.Tensor],
+             *, min_elements: int = 0) -> dict[Any, _Linear]:
+    """The fusible linear layers among ``order`` whose weights have at least
+    ``min_elements`` elements, by node."""
+    ids = {id(p) for p in params if p.dim() != 2 or p.numel() >= min_elements}
+    found = {}
+    for node in order:
+        linear = _as_linear(node, consumers, ids)
+        if linear is not None:
+            found[node] = linear
+    return found
+
+
+def _input_edge(node: Any) -> Any:
+    """The node a fusible linear layer's node passes its input's gradient to."""
+    return node.next_functions[1 if node.name() == "AddmmBackward0" else 0][0]
 
 
 def _walk(roots: list[Any]) -> tuple[list[Any], dict[Any, int]]:
@@ -224,20 +264,13 @@ def backward_input(
         return [None] * len(inputs), weight
     roots = [t.grad_fn if t.grad_fn is not None else get_gradient_edge(t).node for t, _ in pairs]
     order, consumers = _walk(roots)
-    param_ids = {id(p) for p in params}
     param_of = {get_gradient_edge(p).node: p for p in params}
-    linears: dict[Any, _Linear] = {}
-    if fuse:
-        for node in order:
-            linear = _as_linear(node, consumers, param_ids)
-            if linear is not None:
-                linears[node] = linear
+    linears = _linears(order, consumers, params) if fuse else {}
     input_nodes = {get_gradient_edge(x).node for x in needed}
 
     def followed(node: Any) -> list[Any]:
         if node in linears:  # its weight and bias are the fused pass's
-            name = node.name()
-            x_edge = node.next_functions[1 if name == "AddmmBackward0" else 0][0]
+            x_edge = _input_edge(node)
             return [x_edge] if x_edge is not None else []
         return _children(node)
 
@@ -325,4 +358,3 @@ def backward_input(
     for tensor, grad, group_params in whole:
         weight.groups.append(_Group([tensor], [grad], group_params))
     return [input_grads.get(id(x)) for x in inputs], weight
-

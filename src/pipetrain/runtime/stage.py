@@ -326,7 +326,7 @@ class StageCompute:
         with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
             if not tensors:
                 return [None] * len(state.inputs)
-            if self.fuse:
+            if self.fuse and self.autocast is None:  # autocast's casts leave nothing to fuse
                 return fused_backward(tensors, grad_tensors, state.inputs, self.params,
                                       pool=self.gradient_pool)
             torch.autograd.backward(start_points(tensors, grad_tensors))

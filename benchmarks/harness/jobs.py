@@ -1,0 +1,75 @@
+"""Launching a benchmark's ranks, and the collectives every benchmark needs.
+
+:func:`run_job` spawns the ranks of a gloo job on 127.0.0.1 (``pipetrain.launch``), each
+with one intra-op thread unless told otherwise; ``malloc_tuned`` raises glibc's trim and
+mmap thresholds in the ranks (freed memory is kept, so large temporaries do not
+page-fault every time; both frameworks of a comparison alike). The environment is set
+for the spawned ranks only: the caller's own stays as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["MALLOC_TUNED", "agree", "gather_objects", "run_job"]
+
+MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
+"""glibc malloc settings that keep freed memory instead of returning it to the system."""
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: int = 1,
+            malloc_tuned: bool = False, timeout: float = 600.0) -> list[Any]:
+    """``fn(context, *args)`` on ``world_size`` spawned ranks; their results by rank.
+
+    Example::
+
+        results = run_job(worker, opts, world_size=2, timeout=600)
+    """
+    from pipetrain.launch import run_processes
+
+    env = {"OMP_NUM_THREADS": str(threads)}  # inherited by the spawned interpreters
+    if malloc_tuned:
+        env.update(MALLOC_TUNED)
+    with _environment(env):
+        return run_processes(fn, world_size, *args, timeout=timeout)
+
+
+def agree(local_ok: bool, message: str) -> list[str]:
+    """Every rank's error message (none when all are fine): a collective, so that no
+    rank runs on alone after another failed.
+
+    Example (on every rank)::
+
+        errors = agree(runner is not None, "could not build torch's schedule")
+    """
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, "" if local_ok else message)
+    return [m for m in gathered if m]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value`` (a picklable object), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

@@ -1,0 +1,262 @@
+"""Part 3, a compute-bound transformer: pipetrain vs torch.distributed.pipelining vs one process.
+
+A GPT of ``blocks`` transformer blocks (pipetrain's ``models.gpt``: embedding, blocks,
+final norm + head; untied, since torch's stages cannot share a weight), width ``width``,
+``heads`` heads, sequence ``seq``, batch ``batch`` in ``microbatches`` micro-batches,
+AdamW, next-byte cross-entropy on the default corpus; 2 ranks x 1 intra-op thread over
+gloo. Side by side, interleaved: pipetrain (``gpipe``, ``1f1b``), torch's
+``ScheduleGPipe`` and ``Schedule1F1B`` (the same cut, the same optimizer; torch's
+gradient scaling folded into its loss, its fastest equivalent), and the whole model in
+ONE process with one thread on the full batch (rank 0; rank 1 idles).
+
+The yardstick (the *ideal*): every layer's forward, backward and optimizer step measured
+on a micro-batch in one process alone (rank 0, rank 1 waiting), summed per stage, and
+each framework's action order simulated with those costs: the step with no contention
+between the ranks, no communication and no overhead. ``--tf-balance auto`` cuts the
+layers where that ideal 1F1B step is shortest (both frameworks get the cut). The same
+per-stage costs measured with both ranks computing at once give the *contended* ideal:
+what two processes sharing the machine's caches and memory cost each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness import foreign_load, gather_objects, median, step_times, summary
+from vs_torch.analysis import compare, runner_rows
+from vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
+from vs_torch.runners import PipetrainRunner, TorchRunner, stage_ranges
+from vs_torch.session import build_runners, first_losses, time_runners
+
+__all__ = ["analyse_transformer", "transformer_worker"]
+
+LR = 3e-4
+
+
+def _adamw(params: Any) -> Any:
+    import torch
+
+    return torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def _config(opts: Any) -> Any:
+    from pipetrain.models import GPTConfig
+
+    return GPTConfig(num_layers=opts.tf_blocks, width=opts.tf_width, num_heads=opts.tf_heads,
+                     context=opts.tf_seq, tie_embeddings=False)
+
+
+def _layer_costs(factories: Sequence[Any], batches: Any, opts: Any) -> list[dict[str, float]]:
+    """Every layer's costs on a micro-batch, in this process alone."""
+    import torch
+
+    from pipetrain.models import gpt_loss
+
+    mb = opts.tf_batch // opts.tf_microbatches
+    x, y = batches(0)
+    x, y = x[:mb], y[:mb]
+    hidden = torch.randn(mb, opts.tf_seq, opts.tf_width, generator=torch.Generator().manual_seed(0))
+    costs = []
+    for i, factory in enumerate(factories):
+        first, last = i == 0, i == len(factories) - 1
+        costs.append(measure_costs(
+            factory(), lambda first=first: (x if first else hidden.clone().requires_grad_(True), y),
+            loss_fn=gpt_loss if last else None, optimizer=_adamw,
+            microbatches=opts.tf_microbatches, rounds=opts.tf_cost_rounds))
+    return costs
+
+
+def _stage_costs(factories: Sequence[Any], ranges: Sequence[range], batches: Any,
+                 opts: Any) -> dict[str, float]:
+    """This rank's stage's costs (its layers as one module), both ranks at once."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from pipetrain.models import gpt_loss
+
+    j = dist.get_rank()
+    mb = opts.tf_batch // opts.tf_microbatches
+    x, y = batches(0)
+    x, y = x[:mb], y[:mb]
+    hidden = torch.randn(mb, opts.tf_seq, opts.tf_width, generator=torch.Generator().manual_seed(0))
+    module = nn.Sequential(*(factories[i]() for i in ranges[j]))
+    last = j == len(ranges) - 1
+    return measure_costs(
+        module, lambda: (x if j == 0 else hidden.clone().requires_grad_(True), y),
+        loss_fn=gpt_loss if last else None, optimizer=_adamw,
+        microbatches=opts.tf_microbatches, rounds=opts.tf_cost_rounds)
+
+
+def _best_balance(layers: Sequence[dict[str, float]], microbatches: int) -> list[int]:
+    """The 2-stage cut whose ideal 1F1B step is shortest."""
+    from pipetrain.schedule import build_schedule
+
+    schedule = build_schedule("1f1b", num_ranks=2, num_microbatches=microbatches,
+                              optimizer_step=True, reduce=True)
+    n = len(layers)
+    best = min(range(1, n), key=lambda k: ideal(
+        schedule, stage_costs_from_layers(layers, stage_ranges(n, 2, [k, n - k])))["ideal_s"])
+    return [best, n - best]
+
+
+def _single_isolated(factories: Sequence[Any], batches: Any, opts: Any) -> float:
+    """The median full-batch step of the whole model in this process alone."""
+    import time
+
+    single = _Single(factories)
+    times = []
+    for k in range(opts.tf_cost_rounds + 2):
+        start = time.perf_counter()
+        single.step(*batches(k))
+        if k >= 1:  # the first warms up
+            times.append(time.perf_counter() - start)
+    return median(times)
+
+
+class _Single:
+    """The whole model in this process, the full batch at once (rank 0 only)."""
+
+    label = "single"
+    framework = "single"
+    ranks = (0,)
+
+    def __init__(self, factories: Sequence[Any]) -> None:
+        from torch import nn
+
+        self.model = nn.Sequential(*(f() for f in factories))
+        self.optimizer = _adamw(self.model.parameters())
+
+    def step(self, x: Any, y: Any) -> float:
+        from pipetrain.models import gpt_loss
+
+        loss = gpt_loss(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.item())
+
+
+class _Absent:
+    label = "single"
+    framework = "single"
+    ranks = (0,)
+
+    def step(self, x: Any, y: Any) -> None:  # never called on this rank
+        raise AssertionError("the single-process step runs on rank 0 only")
+
+
+def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
+    """Every rank: costs, balance, runners, first losses, interleaved timing."""
+    import torch.distributed as dist
+
+    from pipetrain.data import TextDataset, load_corpus
+    from pipetrain.models import gpt_layer_factories, gpt_loss
+
+    rank = dist.get_rank()
+    config = _config(opts)
+    factories = gpt_layer_factories(config, seed=0)
+    dataset = TextDataset(load_corpus(max_bytes=2_000_000), context=config.context, seed=0)
+
+    def batches(k: int) -> tuple[Any, Any]:
+        return dataset.batch(k, opts.tf_batch)
+
+    isolated = ((_layer_costs(factories, batches, opts), _single_isolated(factories, batches, opts))
+                if rank == 0 else None)
+    dist.barrier()
+    layers, single_isolated = gather_objects(isolated)[0]
+    balance = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance == "auto"
+               else [int(v) for v in opts.tf_balance.split(",")])
+    ranges = stage_ranges(len(factories), 2, balance)
+    dist.barrier()
+    contended = gather_objects(_stage_costs(factories, ranges, batches, opts))
+
+    M = opts.tf_microbatches
+
+    def scaled_loss(output: Any, target: Any) -> Any:
+        return gpt_loss(output, target) / M  # torch's gradient scaling folded into its loss
+
+    runners, failures = build_runners(
+        opts.tf_schedules,
+        lambda schedule: PipetrainRunner(ctx, schedule, factories, microbatches=M,
+                                         loss_fn=gpt_loss, optimizer=_adamw, balance=balance),
+        lambda schedule, variant: TorchRunner(ctx, schedule, variant, factories, microbatches=M,
+                                              loss_fn=scaled_loss, optimizer=_adamw,
+                                              balance=balance, trace=opts.trace_torch,
+                                              timeout=opts.torch_timeout, scale_grads=False))
+    losses = first_losses(runners, batches, failures)
+    for name in losses:  # torch's losses were divided by M: its mean is M times too small
+        if not name.startswith("pipetrain:"):
+            losses[name] = [v * M for v in losses[name]]
+    single = _Single(factories) if rank == 0 else _Absent()
+    if rank == 0:
+        losses["single"] = [single.step(*batches(k)) for k in range(2)]
+    gathered, info = time_runners([*runners, single], batches, reps=opts.tf_reps,
+                                  warmup=opts.tf_warmup, microbatches=M)
+    if rank != 0:
+        return {}
+    return {"runners": info, "gathered": gathered, "failures": failures, "first_losses": losses,
+            "layer_costs": layers, "balance": balance, "contended": contended,
+            "single_isolated_s": single_isolated}
+
+
+def analyse_transformer(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
+    """Ratios, speedups and the gap between each step and its ideal (in the parent)."""
+    balance = raw["balance"]
+    n = sum(balance)
+    ranges = stage_ranges(n, 2, balance)
+    one_process = stage_costs_from_layers(raw["layer_costs"], ranges)
+    contended = {name: [raw["contended"][j][name] for j in range(2)]
+                 for name in ("forward", "backward", "step")}
+    gathered = raw["gathered"]
+    runners = {label: info for label, info in raw["runners"].items() if label != "single"}
+    rows = runner_rows(runners, gathered, {2: one_process}, opts.tf_microbatches)
+    contended_rows = runner_rows(runners, gathered, {2: contended}, opts.tf_microbatches)
+    for label, row in rows.items():
+        if "ideal_s" in contended_rows[label]:
+            row["ideal_contended_s"] = contended_rows[label]["ideal_s"]
+    single_times = step_times([g["samples"] for g in gathered], "single")
+    single = summary(single_times)
+    losses = raw["first_losses"]
+    reference = losses.pop("single", None)
+    per_schedule = compare(rows, opts.tf_schedules, raw["failures"], losses, reference)
+    M = opts.tf_microbatches
+    # one process on micro-batches: every layer's forward + backward M times, one step
+    microbatched = M * (sum(one_process["forward"]) + sum(one_process["backward"])) + sum(
+        one_process["step"])
+    for entry in per_schedule.values():
+        ours = entry.get("pipetrain")
+        if ours is None:
+            continue
+        ours["speedup_vs_single"] = single["median_s"] / ours["median_s"]
+        if "ideal_s" in ours:
+            ours["ideal_speedup_vs_single"] = single["median_s"] / ours["ideal_s"]
+            ours["ideal_speedup_microbatched"] = microbatched / ours["ideal_s"]
+        for row in entry["torch"].values():
+            row["speedup_vs_single"] = single["median_s"] / row["median_s"]
+    # what stands between one process and the ideal pipeline, from isolated costs only
+    breakdown = {
+        "single_full_batch_s": raw["single_isolated_s"],
+        "single_microbatched_s": microbatched,
+        "microbatch_efficiency_loss": microbatched / raw["single_isolated_s"] - 1.0,
+        "half_of_microbatched_s": microbatched / 2,
+        "ideal_1f1b_s": per_schedule.get("1f1b", {}).get("pipetrain", {}).get("ideal_s"),
+        "ideal_gpipe_s": per_schedule.get("gpipe", {}).get("pipetrain", {}).get("ideal_s"),
+        "stage_work_s": [M * (f + b) + st for f, b, st in zip(
+            one_process["forward"], one_process["backward"], one_process["step"])],
+    }
+    return {
+        "breakdown": breakdown,
+        "model": {"blocks": opts.tf_blocks, "width": opts.tf_width, "heads": opts.tf_heads,
+                  "seq": opts.tf_seq, "batch": opts.tf_batch, "microbatches": M,
+                  "balance": balance},
+        "schedules": per_schedule,
+        "single": single,
+        "single_microbatched_ideal_s": microbatched,
+        "layer_costs_s": raw["layer_costs"],
+        "stage_costs_one_process_s": one_process,
+        "stage_costs_contended_s": contended,
+        "load_during_timing": foreign_load([g["cpu_window"] for g in gathered]),
+        "median_single_s": median(single_times),
+    }
