@@ -113,6 +113,8 @@ class StageOptimizers:
         """Whether the last step was skipped for a gradient overflow under fp16 loss
         scaling (every loss finite)."""
         self._pending: dict[int, _Pending] = {}
+        self._flats: dict[int, torch.Tensor] = {}
+        """Per replicated stage, the buffer its gradients are all-reduced in."""
         self._stepped = False
         self._apply = True
 
@@ -149,7 +151,7 @@ class StageOptimizers:
             params = [p for p in self.stage_params[stage]
                       if p.grad is not None and id(p) not in self._tied_ids]
             if params:
-                flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+                flat = self._flat_gradients(stage, params)
                 pending.works.append(dist.all_reduce(flat, group=self.dp_group, async_op=True))
                 pending.finish.append(functools.partial(_unflatten, flat, params))
         for tie in self.ties:
@@ -159,6 +161,20 @@ class StageOptimizers:
                 tie.param.grad = torch.zeros_like(tie.param)
             pending.works.append(dist.all_reduce(tie.param.grad, group=tie.group, async_op=True))
         self._pending[stage] = pending
+
+    def _flat_gradients(self, stage: int, params: list[nn.Parameter]) -> torch.Tensor:
+        """The stage's gradients in one tensor, for one all-reduce. The buffer is kept
+        from step to step (a fresh one of tens of MB costs its page faults every step)."""
+        grads = [p.grad.reshape(-1) for p in params]  # type: ignore[union-attr]
+        total = sum(g.numel() for g in grads)
+        buffer = self._flats.get(stage)
+        if len({(g.dtype, g.device) for g in grads}) != 1 or stage in self._pending:
+            return torch.cat(grads)  # mixed dtypes, or the last one still in flight
+        if buffer is None or buffer.numel() != total or buffer.dtype != grads[0].dtype \
+                or buffer.device != grads[0].device:
+            buffer = self._flats[stage] = torch.empty(total, dtype=grads[0].dtype,
+                                                      device=grads[0].device)
+        return torch.cat(grads, out=buffer)
 
     def _finish_reductions(self) -> None:
         for stage in self.stage_params:

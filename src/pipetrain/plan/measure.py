@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "Pass",
     "Sample",
     "Timings",
+    "last_level_cache_bytes",
     "median_time",
     "time_layer",
     "time_optimizer_step",
@@ -251,6 +253,27 @@ def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: T
     return output
 
 
+_FALLBACK_CACHE_BYTES = 32 << 20
+_MAX_CACHE_BYTES = 512 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of this machine, from Linux's sysfs (32 MiB where it cannot
+    be read; at most 512 MiB).
+
+    Example:
+        >>> last_level_cache_bytes() >= 1 << 20
+        True
+    """
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        with contextlib.suppress(OSError, ValueError):
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return min(max(sizes, default=_FALLBACK_CACHE_BYTES), _MAX_CACHE_BYTES)
+
+
 def time_optimizer_step(
     params: list[nn.Parameter],
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
@@ -276,10 +299,14 @@ def time_optimizer_step(
         return []
     step = optimizer(trainable).step
     samples: list[Sample] = []
+    flush = (torch.empty(2 * last_level_cache_bytes(), dtype=torch.uint8)
+             if device.type == "cpu" else None)
     collecting = gc.isenabled()
     gc.disable()
     try:
         for round_index in range(max(1, warmup) + repetitions):
+            if flush is not None:
+                flush.fill_(round_index % 251)  # evict the step's tensors from the cache
             with _timed(samples, round_index >= max(1, warmup), device):
                 step()
     finally:
