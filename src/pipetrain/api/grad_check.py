@@ -75,13 +75,26 @@ class GradCheck:
 
 
 def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch.Tensor:
-    """Sum of the squared gradients, in float64 whatever the layout (so that a run
-    resharded to another number of stages clips exactly as before)."""
+    """Sum of the squared gradients: each gradient's norm in its own precision (float32
+    at least), the squares added up in float64, so that the result does not depend on
+    the layout (a run resharded to another number of stages clips as before).
+
+    A float64 norm per gradient (``vector_norm(g, dtype=torch.float64)``) converts every
+    element first: on the CPU it took 6.6 ms for 16 MiB of float32 gradients against
+    0.6 ms in float32, on the critical path of every step.
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64, device=device)
-    norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])
+    norms = torch.stack([_norm(g).to(torch.float64) for g in grads])
     return norms.square().sum().to(device)
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of one gradient, computed in float32 or wider."""
+    if grad.is_floating_point() and torch.finfo(grad.dtype).bits < 32:
+        return torch.linalg.vector_norm(grad, dtype=torch.float32)
+    return torch.linalg.vector_norm(grad)
 
 
 def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
