@@ -71,7 +71,7 @@ def _pipeline(ctx: Any, name: str, options: dict[str, Any]) -> Any:
                             nonfinite="ignore" if asynchronous else "error", seed=0)
     return Pipeline(
         gpt_layer_factories(model, seed=0), loss_fn=gpt_loss,
-        optimizer=lambda params: torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), fused=True,
                                                    weight_decay=0.1),
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
             opt, _lr_factor(options["warmup"], options["steps"])),
