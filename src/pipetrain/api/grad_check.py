@@ -92,9 +92,10 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
 
 def _norm(grad: torch.Tensor) -> torch.Tensor:
     """The L2 norm of one gradient, computed in float32 or wider."""
-    if grad.is_floating_point() and torch.finfo(grad.dtype).bits < 32:
-        return torch.linalg.vector_norm(grad, dtype=torch.float32)
-    return torch.linalg.vector_norm(grad)
+    wide = grad.is_floating_point() and torch.finfo(grad.dtype).bits < 32
+    norm: torch.Tensor = (torch.linalg.vector_norm(grad, dtype=torch.float32) if wide
+                          else torch.linalg.vector_norm(grad))
+    return norm
 
 
 def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
