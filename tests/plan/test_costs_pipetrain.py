@@ -115,10 +115,15 @@ def test_microbatch_profile_scales_times_on_the_measured_line() -> None:
     assert three.backward_input_s == pytest.approx(1.0 / 3)  # not measured small: a share
     assert (three.output_bytes, three.saved_bytes, three.parameter_bytes) == (300, 30, 7)
     assert three.optimizer_step_s == 0.25 and three.microbatch_forward_s is None
-    # below the small measurement the line may reach 0, never below
+    # below the small measurement the line may fall to 0; the share of the small one holds
     steep = LayerProfile(name="0", forward_s=9.0, backward_s=0.0, microbatch_forward_s=0.1)
     one = microbatch_profile(Profile(layers=(steep,), batch_size=9, microbatch_size=2), 9)
-    assert one.layers[0].forward_s == 0.0
+    assert one.layers[0].forward_s == pytest.approx(0.1 / 2)
+    assert one.layers[0].backward_s == 0.0  # measured 0 at the full batch, not small: a share
+    # where the line stays above that share, the line
+    mild = LayerProfile(name="0", forward_s=2.0, backward_s=1.0, microbatch_forward_s=1.0)
+    small = microbatch_profile(Profile(layers=(mild,), batch_size=9, microbatch_size=2), 9)
+    assert small.layers[0].forward_s == pytest.approx(1.0 - 1.0 / 7)
     assert microbatch_counts(profile) == (1, 3, 9)
     with pytest.raises(ValueError, match="num_microbatches=0 must be a whole number >= 1"):
         microbatch_profile(profile, 0)

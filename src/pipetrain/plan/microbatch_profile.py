@@ -9,7 +9,8 @@ such micro-batch:
   (``microbatch_forward_s`` ...), on the line through the two measurements
   ``t(b) = t(m) + (t(B) - t(m)) (b - m) / (B - m)`` (a fixed cost per call plus a cost
   per sample; small batches use a device less well than a proportional share suggests),
-  at least 0; else the proportional share ``t(B) b / B``;
+  and below ``m`` at least the share ``t(m) b / m``; else the proportional share
+  ``t(B) b / B``;
 - output and saved activation bytes: the proportional share;
 - parameters, gradients, optimizer state and the optimizer step: unchanged (once per
   step, whatever the batch).
@@ -62,10 +63,19 @@ def microbatch_counts(profile: Profile, *, limit: int = MAX_MICROBATCHES) -> tup
 
 
 def _scaled(whole: float, measured: float | None, *, b: float, m: int | None, size: int) -> float:
-    """A time at ``b`` samples from the time at ``size`` and the one measured at ``m``."""
+    """A time at ``b`` samples from the time at ``size`` and the one measured at ``m``.
+
+    Below ``m`` the line is extrapolated, and it can fall far below what the layer costs
+    (to 0 when the full batch ran much less efficiently per sample): there the time is at
+    least the proportional share of the time at ``m`` (fewer samples never run more
+    efficiently per sample than those measured).
+    """
     if measured is None or m is None or m == size:
         return whole * b / size
-    return max(0.0, measured + (whole - measured) * (b - m) / (size - m))
+    line = measured + (whole - measured) * (b - m) / (size - m)
+    if b < m:
+        return max(line, measured * b / m)
+    return max(0.0, line)
 
 
 def microbatch_profile(profile: Profile, num_microbatches: int) -> Profile:
