@@ -81,7 +81,9 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
 
     A float64 norm per gradient (``vector_norm(g, dtype=torch.float64)``) converts every
     element first: on the CPU it took 6.6 ms for 16 MiB of float32 gradients against
-    0.6 ms in float32, on the critical path of every step.
+    0.6 ms in float32, on the critical path of every step. A float32 norm overflows to
+    ``inf`` once single gradient elements pass about 1e19; such a step counts as
+    non-finite, as a diverged one should.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
