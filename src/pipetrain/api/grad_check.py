@@ -82,9 +82,9 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
     A float64 norm per gradient (``vector_norm(g, dtype=torch.float64)``) converts every
     element first: on the CPU it took 6.6 ms for 16 MiB of float32 gradients against
     0.6 ms in float32, on the critical path of every step. A float32 norm overflows to
-    ``inf`` once a gradient's sum of squares passes float32's range (3.4e38: elements
-    near 1e19, or near 2e16 across a million of them); such a step counts as non-finite,
-    as a diverged one should.
+    ``inf`` where a gradient's sum of squares passes float32's range (3.4e38; e.g. a
+    million elements near 2e16); such a step counts as non-finite, as a diverged one
+    should.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
