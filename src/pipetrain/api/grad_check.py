@@ -89,16 +89,10 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64, device=device)
-    norms = torch.stack([_norm(g).to(torch.float64) for g in grads])
+    norms = torch.stack([
+        torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32))
+        .to(torch.float64) for g in grads])
     return norms.square().sum().to(device)
-
-
-def _norm(grad: torch.Tensor) -> torch.Tensor:
-    """The L2 norm of one gradient, computed in float32 or wider."""
-    wide = grad.is_floating_point() and torch.finfo(grad.dtype).bits < 32
-    norm: torch.Tensor = (torch.linalg.vector_norm(grad, dtype=torch.float32) if wide
-                          else torch.linalg.vector_norm(grad))
-    return norm
 
 
 def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
