@@ -74,17 +74,22 @@ def _rank(hosts: TwoHosts, host: Host, rank: int, mode: str, **extra: str) -> su
     return hosts.popen(host, [sys.executable, "-m", "helpers.multihost_jobs", mode], env=env)
 
 
+def _torchrun(hosts: TwoHosts, node_rank: int, *train: str) -> list[str]:
+    """The README's torchrun line for machine ``node_rank`` of two (one worker each)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+            str(node_rank), "--nproc-per-node", "1", "--master-addr", hosts.a.name,
+            "--master-port", _PORT, "-m", "pipetrain", "train", "--stages", "2", *train]
+
+
 def test_the_readme_command_trains_across_hosts_whose_names_resolve_to_loopback(
         hosts: TwoHosts, tmp_path: Path) -> None:
     """The README's torchrun line, unchanged, on both hosts: each rank finds that gloo
     would advertise 127.0.1.1, takes the interface that routes to the other host (and
     says so), and the job trains."""
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.a.name}:{_PORT}",
-               "-m", "pipetrain", "train", "--stages", "2", *_TINY, "--timeout", "60", "--out", str(out)]
-    on_a = hosts.popen(hosts.a, command, env=_env())
-    on_b = hosts.popen(hosts.b, command, env=_env())
+    train = [*_TINY, "--timeout", "60", "--out", str(out)]
+    on_a = hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env())
+    on_b = hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env())
     (status_a, text_a), (status_b, text_b) = _finish(on_a, on_b, timeout=150)
     assert status_a == 0 and status_b == 0, f"host a:\n{text_a[-4000:]}\nhost b:\n{text_b[-4000:]}"
     assert "trained 3 steps" in text_a + text_b
@@ -128,3 +133,54 @@ def test_a_loopback_interface_chosen_by_the_user_is_refused_with_the_fix(hosts: 
         assert "Fix: on every host set GLOO_SOCKET_IFNAME to the network interface" in message
         assert "/etc/hosts" not in message  # the user chose the interface: the hosts file is not it
         assert result["seconds"] < 30  # at once, not after the 60 s timeout
+
+
+def _steps_recorded(out: Path) -> int:
+    try:
+        return len(json.loads((out / "metrics.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_a_network_partition_ends_both_sides_in_time_and_keeps_the_history(
+        hosts: TwoHosts, tmp_path: Path) -> None:
+    """The link between the hosts goes down in the middle of training. Host a (rank 0 and
+    the store) finds rank 1 silent; host b finds the store silent (its calls would block
+    for good). Both end within --timeout + 15 s with an error that names the cause, and
+    metrics.json keeps every step that finished, with how the run stopped."""
+    timeout = 20
+    out = tmp_path / "run"
+    train = [*_TINY, "--steps", "100000", "--timeout", str(timeout), "--out", str(out)]
+    sides = {"a": hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env()),
+             "b": hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env())}
+    link = ["ip", "-n", hosts.b.netns, "link", "set", hosts.b.interface]
+    try:
+        deadline = time.monotonic() + 120
+        while _steps_recorded(out) < 5 and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in sides.values()), "a side ended before the cut"
+            time.sleep(0.5)
+        before = _steps_recorded(out)
+        assert before >= 5, "the job never got going"
+        subprocess.run([*link, "down"], check=True, timeout=20)
+        cut = time.monotonic()
+        ended: dict[str, float] = {}
+        while len(ended) < 2 and time.monotonic() - cut < timeout + 60:
+            for name, process in sides.items():
+                if name not in ended and process.poll() is not None:
+                    ended[name] = time.monotonic() - cut
+            time.sleep(0.2)
+    finally:
+        subprocess.run([*link, "up"], check=False, timeout=20)
+    (status_a, text_a), (status_b, text_b) = _finish(sides["a"], sides["b"], timeout=30)
+    shown = f"host a:\n{text_a[-3000:]}\nhost b:\n{text_b[-3000:]}"
+    assert set(ended) == {"a", "b"}, f"still running after {timeout + 60} s: {shown}"
+    assert max(ended.values()) <= timeout + 15, f"ended after {ended} s: {shown}"
+    assert status_a != 0 and status_b != 0, shown
+    assert f"rank 1 (on host {hosts.b.name}) stopped answering" in text_a, shown
+    assert f"the job's store at {hosts.a.name}:{_PORT} is unreachable" in text_b, shown
+    metrics = json.loads((out / "metrics.json").read_text())
+    steps = [s["step"] for s in metrics["steps"]]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= before
+    stopped = metrics["stopped"]
+    assert stopped["reason"] == "error" and stopped["at_step"] == len(steps)
+    assert "stopped answering" in stopped["message"]

@@ -100,3 +100,29 @@ def test_the_forced_exit_is_opt_in(grace: str) -> None:
         assert done.returncode == -9 and "main thread went on" not in done.stdout
         assert "forced exit: the main thread did not stop in 0.5 s" in done.stderr
         assert "rank 1 died" in done.stderr
+
+
+_LAST_WORDS = """
+import sys, time
+import torch.distributed as dist
+from pipetrain.runtime.monitor import PeerMonitor
+monitor = PeerMonitor(dist.HashStore(), rank=0, world_size=2, namespace="t", interval=0.05,
+                      dead_after=60, grace=0.5)
+monitor.last_words.append(lambda failure: print("last words:", failure.dead_ranks, flush=True))
+monitor.last_words.append(lambda failure: 1 / 0)  # a failing callback does not stop the exit
+monitor.start()
+monitor.explain(RuntimeError("Connection closed by peer [127.0.0.1]:4711"), 1)
+time.sleep(5)
+print("main thread went on")
+"""
+
+
+def test_a_forced_exit_says_its_last_words_first() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LAST_WORDS], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == -9, done.stderr
+    assert "last words: (1,)" in done.stdout and "main thread went on" not in done.stdout
+    assert "ZeroDivisionError" in done.stderr  # logged, and the exit went ahead

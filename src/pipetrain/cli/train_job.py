@@ -31,10 +31,11 @@ from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
 from pipetrain.cli.train_options import flag, gpt_config, recorded
 from pipetrain.cli.train_records import RunRecords
-from pipetrain.cli.worker_errors import RunStopped, UsageError, report_failure
+from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
 from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
 from pipetrain.launch.local import LAUNCHED_ENV
 from pipetrain.models import GPTConfig, generate
+from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.schedule import TimedAction
 from pipetrain.trace import ProgressBar, measure_step, offsets_from_origins
@@ -42,6 +43,9 @@ from pipetrain.trace import ProgressBar, measure_step, offsets_from_origins
 __all__ = ["lr_factor", "train_worker"]
 
 logger = logging.getLogger(__name__)
+
+_CLEANUP_SECONDS = 10.0
+"""Seconds a worker whose peers failed gets to clean up before it ends anyway."""
 
 
 def lr_factor(warmup: int, total: int) -> Any:
@@ -76,6 +80,7 @@ def train_worker(args: argparse.Namespace) -> int:
 
 def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopRequest) -> int:
     context = init_distributed(timeout=args.timeout)
+    peers_lost = False
     try:
         _agree_on_folder(args, resume)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -99,8 +104,14 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
             return _Run(pipe, args, dataset, model_config, resume, stop).run()
         finally:
             pipe.close()
+    except BaseException as error:
+        # the peers are gone or unreachable: no clean-up may wait on them, and the worker
+        # ends (with its message) within seconds even if one does
+        peers_lost = end_within(_CLEANUP_SECONDS, error, rank=dist.get_rank(),
+                                verbose=bool(getattr(args, "verbose", False)))
+        raise
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and not peers_lost:
             dist.destroy_process_group()
 
 
@@ -130,6 +141,7 @@ class _Run:
         """The step of the run's newest checkpoint (every rank knows it)."""
         self.records: RunRecords | None = None
         self.bar: ProgressBar | None = None
+        pipe.at_forced_exit(self._forced_exit)
 
     # -- set-up ---------------------------------------------------------------------------
     def _load(self) -> None:
@@ -217,6 +229,7 @@ class _Run:
             if pipe.last_step_skipped:
                 record["skipped"] = True
             self.records.add(record, measure, timeline)
+            self.records.write_if_due()
             self.bar.update(step + 1, loss=loss, tokens_per_s=record["tokens_per_s"],
                             bubble=measure.bubble_fraction)
         if args.eval_every and (step + 1) % args.eval_every == 0:
@@ -228,6 +241,8 @@ class _Run:
 
     # -- saving and ending ---------------------------------------------------------------------
     def _save(self) -> None:
+        if self.records is not None:  # the history first: it never falls behind a checkpoint
+            self.records.write()
         self.pipe.save(os.path.join(self.args.out, "checkpoint"),
                        extra={"data_step": self.pipe.step})
         self.saved_step = self.pipe.step
@@ -279,6 +294,17 @@ class _Run:
             f"--lr (now {self.args.lr:g}) or --clip 1, then --resume {self.args.out}; or "
             "--nonfinite skip to skip such steps"
         ) from None
+
+    def _forced_exit(self, failure: PeerFailure) -> None:
+        """End a worker that a peer's failure left blocked (from the monitor's thread):
+        its records and its one-line message first, then the exit status of a failure."""
+        if self.records is not None:
+            self.records.stop({"reason": "error", "at_step": self.pipe.step,
+                               "message": str(failure).splitlines()[0][:500],
+                               "checkpoint_step": self.saved_step, "forced_exit": True})
+        status = report_failure(failure, rank=self.rank, verbose=bool(self.args.verbose))
+        sys.stdout.flush()
+        os._exit(status)
 
     def _write_failure(self, error: BaseException) -> None:
         """Keep the records of a run that fails (no collective here: peers may be gone)."""

@@ -237,10 +237,26 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
         "timeout": args.timeout,
         "nonfinite": args.nonfinite,
         "mixed_precision": None if args.precision == "fp32" else args.precision,
-        # the workers are the command's own processes: one that a peer's failure left
-        # blocked in a collective ends 20 s after the failure is found
-        "exit_when_stuck": 20.0,
+        **failure_bounds(args.timeout),
     }
+
+
+def failure_bounds(timeout: float) -> dict[str, float]:
+    """How fast a worker finds a dead peer and ends, from ``--timeout``: a peer (or the
+    store) silent for ``heartbeat_timeout`` seconds is dead, and a worker that a peer's
+    failure left blocked in a call that cannot see it (a collective, a wait on a frozen
+    or partitioned peer) is ended ``exit_when_stuck`` seconds later; both together stay
+    within ``--timeout`` (the workers are the command's own processes).
+
+    Example:
+        >>> failure_bounds(300.0)
+        {'heartbeat_timeout': 10.0, 'exit_when_stuck': 20.0}
+        >>> failure_bounds(15.0)
+        {'heartbeat_timeout': 5.0, 'exit_when_stuck': 10.0}
+    """
+    heartbeat = min(10.0, max(2.0, timeout / 3))
+    return {"heartbeat_timeout": heartbeat,
+            "exit_when_stuck": min(20.0, max(2.0, timeout - heartbeat))}
 
 
 def pipeline_config(args: argparse.Namespace) -> Any:

@@ -5,6 +5,10 @@ continues (the steps up to its checkpoint) and adds a *segment* per session, wit
 options of that session and the ones it changed. The file is rewritten whenever a
 checkpoint is saved and when the run ends, stops or fails, so the records never fall
 behind the checkpoint. Its fields are documented in ``docs/run-folder.md``.
+
+During training the file is also rewritten every few seconds (:meth:`RunRecords.write_if_due`),
+and a worker that is about to be ended writes it from another thread (:meth:`RunRecords.stop`):
+a run that dies keeps its history up to its last step.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +33,8 @@ METRICS_SCHEMA = 2
 """Version of the ``metrics.json`` layout (``docs/run-folder.md``)."""
 _TRACE_STEPS = 3
 """How many final steps go into trace.json."""
+WRITE_EVERY = 2.0
+"""Seconds between the rewrites of ``metrics.json`` during training."""
 
 
 def _median(values: list[float]) -> float | None:
@@ -72,13 +80,29 @@ class RunRecords:
         self.sample: str | None = None
         self.schedule: Callable[[], Schedule] | None = None
         """The schedule of a step (for the simulator's makespan in the summary)."""
+        self._lock = threading.RLock()
+        self._written = time.monotonic()
 
     # -- recording ----------------------------------------------------------------------
     def add(self, record: dict[str, Any], measure: StepMeasure, timeline: list[TimedAction]) -> None:
         """Record one step (its ``record``, the measure and timeline of its actions)."""
-        self.steps.append(record)
-        self.measures.append(measure)
-        self.traced = [*self.traced, (int(record["step"]), timeline)][-_TRACE_STEPS:]
+        with self._lock:
+            self.steps.append(record)
+            self.measures.append(measure)
+            self.traced = [*self.traced, (int(record["step"]), timeline)][-_TRACE_STEPS:]
+
+    def write_if_due(self) -> None:
+        """Rewrite ``metrics.json`` if the last write is :data:`WRITE_EVERY` seconds old."""
+        if time.monotonic() - self._written >= WRITE_EVERY:
+            self.write()
+
+    def stop(self, stopped: dict[str, Any]) -> None:
+        """Record how the run ended and write the records (safe from another thread, e.g.
+        just before the worker is ended; an earlier ``stopped`` is kept)."""
+        with self._lock:
+            if self.stopped is None:
+                self.stopped = stopped
+            self.write()
 
     @property
     def session_steps(self) -> list[dict[str, Any]]:
@@ -136,8 +160,13 @@ class RunRecords:
     def write(self, *, pictures: bool = False, title: str = "") -> list[str]:
         """Write ``metrics.json`` (and, with ``pictures``, ``timeline.png`` and
         ``trace.json`` of the last steps); returns the names written."""
+        with self._lock:
+            return self._write(pictures=pictures, title=title)
+
+    def _write(self, *, pictures: bool, title: str) -> list[str]:
         os.makedirs(self.out, exist_ok=True)
         write_json(os.path.join(self.out, "metrics.json"), self.metrics())
+        self._written = time.monotonic()
         written = ["metrics.json"]
         if pictures and self.traced:
             step, timeline = self.traced[-1]

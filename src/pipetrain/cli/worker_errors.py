@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "EXIT_USAGE",
     "RunStopped",
     "UsageError",
+    "end_within",
     "report_failure",
 ]
 
@@ -92,3 +94,29 @@ def report_failure(error: BaseException, *, rank: int, verbose: bool) -> int:
         sys.stderr.write(f"pipetrain train: error: {message}\n")
     sys.stderr.flush()
     return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILED
+
+
+def end_within(seconds: float, error: BaseException, *, rank: int, verbose: bool) -> bool:
+    """If ``error`` means the job's peers failed or cannot be reached, make sure this worker
+    ends within ``seconds`` with its message (a clean-up that waits on a dead peer or an
+    unreachable store would otherwise hang it); whether it does.
+
+    Example:
+        >>> end_within(5.0, ValueError("a bad option"), rank=0, verbose=False)
+        False
+    """
+    from pipetrain.runtime.errors import PipelineError
+    from pipetrain.runtime.monitor import is_communication_error
+
+    if not (isinstance(error, PipelineError) or is_communication_error(error)):
+        return False
+
+    def end() -> None:
+        status = report_failure(error, rank=rank, verbose=verbose)
+        sys.stdout.flush()
+        os._exit(status)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
+    return True

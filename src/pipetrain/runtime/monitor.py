@@ -15,6 +15,14 @@ if the main thread has not seen the failure ``grace`` seconds after it was found
 monitor writes it to stderr and ends the process with ``SIGKILL`` (``os.kill``; the
 launcher sees a worker killed by a signal). The default never ends the caller's process.
 
+Every store call of the monitor is bounded (:class:`~.bounded_store.BoundedStore`, by
+``store_timeout``, default ``dead_after``): a c10d store client otherwise blocks without end
+when the store's host stops answering (a network partition, a host that lost power), and
+a rank cut off from the store would never notice. A store call that does not return in
+time is a failure of the store's host, found and reported like a dead peer. Before a
+forced exit the monitor runs the ``last_words`` callbacks (bounded too), so a process that
+is ended still writes what it has.
+
 In a job that spans hosts, peers are named with their host (``rank 1 (on host node-b)``),
 and a raw gloo error that quotes a peer's ``[ip]:port`` is traced back to its rank through
 the roster that start-up left in the store (see :mod:`.roster`).
@@ -34,6 +42,7 @@ from collections.abc import Callable, Iterator
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
+from pipetrain.runtime.bounded_store import BoundedStore, StoreUnreachable
 from pipetrain.runtime.errors import PeerFailure, PipelineError, brief
 from pipetrain.runtime.roster import (
     RankPlace,
@@ -46,6 +55,9 @@ from pipetrain.runtime.roster import (
 __all__ = ["PeerMonitor", "is_communication_error"]
 
 logger = logging.getLogger(__name__)
+
+_LAST_WORDS = 10.0
+"""Seconds the ``last_words`` callbacks get before a forced exit goes ahead anyway."""
 
 
 def is_communication_error(error: BaseException) -> bool:
@@ -89,8 +101,11 @@ class PeerMonitor:
         grace: float | None = None,
         store_host_rank: int | None = None,
         on_failure: Callable[[PeerFailure], None] | None = None,
+        store_timeout: float | None = None,
     ) -> None:
         self.store = store
+        self.bounded = BoundedStore(store, timeout=dead_after if store_timeout is None else store_timeout)
+        """The store, every call bounded (the monitor's own calls go through it)."""
         self.rank = rank
         self.world_size = world_size
         self.prefix = f"pipetrain/{namespace}"
@@ -99,6 +114,9 @@ class PeerMonitor:
         self.grace = grace
         self.store_host_rank = store_host_rank
         self.on_failure = on_failure
+        self.last_words: list[Callable[[PeerFailure], None]] = []
+        """Called (from the monitor's thread, at most ``_LAST_WORDS`` seconds in all) just
+        before a forced exit, e.g. to write the records of the run."""
         self._roster: dict[int, RankPlace] = {}
         self._failure: PeerFailure | None = None
         self._acknowledged = threading.Event()
@@ -112,19 +130,20 @@ class PeerMonitor:
     def start(self) -> None:
         """Start the heartbeat thread."""
         self._roster = read_roster(self.store, self.world_size)
-        self.store.set(self._key("exit", self.rank), "")
+        self.bounded.set(self._key("exit", self.rank), "")
         self._thread.start()
 
     def stop(self, *, reason: str = "finished") -> None:
         """Stop heartbeating; ``reason`` tells the peers why this rank leaves."""
         try:
-            self.store.set(self._key("exit", self.rank), reason)
+            self.bounded.set(self._key("exit", self.rank), reason)
         except Exception:  # the store may be gone already
             pass
         self._acknowledged.set()
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval + 1)
+        self.bounded.close()
 
     # -- failure ----------------------------------------------------------------------
     @property
@@ -200,7 +219,7 @@ class PeerMonitor:
 
     def _record(self, dead_rank: int, text: str) -> None:
         try:
-            self.store.compare_set(self._key("cause"), "", f"{dead_rank}|{text}")
+            self.bounded.compare_set(self._key("cause"), "", f"{dead_rank}|{text}")
         except Exception:
             pass
 
@@ -208,8 +227,8 @@ class PeerMonitor:
         deadline = time.monotonic() + wait
         while True:
             try:
-                if self.store.check([self._key("cause")]):
-                    raw = self.store.get(self._key("cause")).decode()
+                if self.bounded.check([self._key("cause")]):
+                    raw = self.bounded.get(self._key("cause")).decode()
                     if raw:
                         dead, _, text = raw.partition("|")
                         return int(dead), text
@@ -222,7 +241,7 @@ class PeerMonitor:
     def _has_exited(self, rank: int) -> bool:
         try:
             key = self._key("exit", rank)
-            return bool(self.store.check([key]) and self.store.get(key))
+            return bool(self.bounded.check([key]) and self.bounded.get(key))
         except Exception:
             return False
 
@@ -242,9 +261,38 @@ class PeerMonitor:
             return
         message = f"{self._failure} (forced exit: the main thread did not stop in {grace:g} s)"
         logger.critical("%s", message)
+        self._say_last_words()
         sys.stderr.write(f"pipetrain: error: {message}\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def _say_last_words(self) -> None:
+        failure = self._failure
+        if failure is None or not self.last_words:
+            return
+
+        def say() -> None:
+            for callback in self.last_words:
+                try:
+                    callback(failure)
+                except Exception:
+                    logger.exception("a last-words callback failed")
+
+        speaker = threading.Thread(target=say, name="pipetrain-last-words", daemon=True)
+        speaker.start()
+        speaker.join(timeout=_LAST_WORDS)
+
+    def _store_failure(self, error: BaseException) -> PeerFailure:
+        host = self.store_host_rank
+        if host is not None:
+            who = f"{self.name(host)}, which hosts the job's store,"
+        elif os.environ.get("MASTER_ADDR"):
+            who = f"the job's store at {os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}"
+        else:
+            who = "the job's store"
+        why = str(error) if isinstance(error, StoreUnreachable) else brief(error)
+        return PeerFailure(self._message(f"{who} is unreachable ({why})"),
+                           dead_ranks=(host,) if host is not None else ())
 
     # -- heartbeat --------------------------------------------------------------------
     def _run(self) -> None:
@@ -254,15 +302,14 @@ class PeerMonitor:
         last_change = {r: time.monotonic() for r in others}
         while not self._stopped.wait(self.interval):
             try:
-                self.store.add(beat_key, 1)
+                self.bounded.add(beat_key, 1)
                 keys = [self._key("beat", r) for r in others]
-                present = [r for r, k in zip(others, keys) if self.store.check([k])]
-                values = self.store.multi_get([self._key("beat", r) for r in present]) if present else []
+                present = [r for r, k in zip(others, keys) if self.bounded.check([k])]
+                values = self.bounded.multi_get([self._key("beat", r) for r in present]) if present else []
             except Exception as error:
-                host = self.store_host_rank
-                who = f"{self.name(host)}, which hosts the job's store," if host is not None else "the job's store"
-                self._fail(PeerFailure(self._message(f"{who} is unreachable ({brief(error)})"),
-                                       dead_ranks=(host,) if host is not None else ()))
+                if self._stopped.is_set():
+                    return
+                self._fail(self._store_failure(error))
                 return
             now = time.monotonic()
             for r, value in zip(present, values):
