@@ -34,6 +34,8 @@ from pipetrain.api.pipeline_setup import (
     build_layers,
     build_transport,
     check_world,
+    refuse_batch_disagreement,
+    refuse_setup_disagreement,
     replica_group,
     start_monitor,
 )
@@ -114,6 +116,9 @@ class Pipeline:
     ) -> None:
         config = PipelineConfig() if config is None else config
         capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
+        # first: before anything one rank could refuse alone
+        refuse_setup_disagreement(config, layers, capturing=capturing,
+                                  split_points=split_points, ties=ties)
         check_world(config)
         self.context = context
         self.device = context.device if context is not None else torch.device("cpu")
@@ -217,6 +222,7 @@ class Pipeline:
                                       first_replicas=self.layout.replica_counts[0])
         self._last_stage = len(self.layout.stage_to_rank) - 1
         self._holds_last = self._last_stage in self.local_stages
+        self._batch_agreed = False
 
     # -- construction -------------------------------------------------------------------
     def schedule(self, num_microbatches: int | None = None, *, training: bool = True) -> Schedule:
@@ -267,7 +273,10 @@ class Pipeline:
         allowed); it is split into the step's micro-batches (``num_microbatches`` per
         replica of the first stage), dealt round-robin over each stage's replicas. The
         first batch must fill them all; a later, smaller batch (the last of an epoch)
-        runs as fewer micro-batches, with the same math.
+        runs as fewer micro-batches, with the same math. The first step compares the
+        ranks' batches (their size, the shapes and dtypes of inputs and targets) and
+        refuses different ones on every rank; later steps are not compared (that would
+        cost a collective per step).
 
         With ``mixed_precision="fp16"`` a step whose gradients overflow (its losses
         finite) is skipped on every stage and lowers the loss scale, without an error
@@ -282,7 +291,13 @@ class Pipeline:
             NonFiniteError: the loss or the global gradient norm is not finite (with
                 ``nonfinite='error'``); no stage applied the update and :attr:`step`
                 did not advance.
+            DisagreementError: (the first step only) the ranks passed different
+                batches (:class:`~pipetrain.api.agreement.DisagreementError`).
         """
+        if not self._batch_agreed:
+            with self.guard():
+                refuse_batch_disagreement(inputs, targets)
+            self._batch_agreed = True
         batches = self._splitter.train(inputs, targets)
         if self.async_state is not None:
             return self._train_async(self.async_state, batches)

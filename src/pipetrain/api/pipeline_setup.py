@@ -1,5 +1,6 @@
-"""Setting up one process of a :class:`~pipetrain.api.pipeline.Pipeline`: the job's size,
-its layers, its replica group, the peer monitor and the transport.
+"""Setting up one process of a :class:`~pipetrain.api.pipeline.Pipeline`: what its ranks
+must agree on, the job's size, its layers, its replica group, the peer monitor and the
+transport.
 
 Every process of the job calls these in the same order (they create process groups and
 agree on names).
@@ -7,22 +8,145 @@ agree on names).
 
 from __future__ import annotations
 
+import hashlib
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipetrain.api.agreement import refuse_disagreement
 from pipetrain.api.config import PipelineConfig
-from pipetrain.api.layout import LayerSource, Layout
+from pipetrain.api.layout import LayerSource, Layout, Tie
+from pipetrain.microbatch import batch_size
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.links import link_groups
 from pipetrain.runtime.monitor import PeerMonitor
 from pipetrain.runtime.process_group import DistContext
 
-__all__ = ["build_layers", "build_transport", "check_world", "replica_group", "start_monitor"]
+__all__ = [
+    "MAY_DIFFER",
+    "SETUP_FIX",
+    "batch_values",
+    "build_layers",
+    "build_transport",
+    "check_world",
+    "model_tensors",
+    "refuse_batch_disagreement",
+    "refuse_setup_disagreement",
+    "replica_group",
+    "setup_values",
+    "start_monitor",
+]
+
+MAY_DIFFER = ("timeout", "heartbeat_timeout", "exit_when_stuck")
+"""The :class:`PipelineConfig` fields that may differ between ranks: how long this
+process waits before it gives up on a peer (a host's own choice). Every other field
+must be the same on every rank."""
+
+SETUP_FIX = ("build the Pipeline from the same PipelineConfig, model and arguments on every "
+             f"rank (only {', '.join(MAY_DIFFER)} may differ)")
+"""The fix a disagreement of the set-up shows."""
+
+
+def model_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``module`` by name (the ranks compare their shapes
+    and dtypes; a model on the meta device has them too).
+
+    Example:
+        >>> from pipetrain.api.agreement import shown
+        >>> shown(model_tensors(nn.Linear(4, 8)))
+        {'weight': '(8, 4) float32', 'bias': '(8,) float32'}
+    """
+    return dict([*module.named_parameters(remove_duplicate=False),
+                 *module.named_buffers(remove_duplicate=False)])
+
+
+def _schedule_value(config: PipelineConfig) -> str:
+    user = config.user_schedule
+    if user is None:
+        return config.schedule_name
+    fingerprint = hashlib.sha256(repr(user).encode()).hexdigest()[:12]
+    return f"{user.name} (a user schedule, fingerprint {fingerprint})"
+
+
+def setup_values(config: PipelineConfig, layers: Any, *, capturing: bool,
+                 split_points: Sequence[str] | None, ties: Sequence[Tie]) -> dict[str, Any]:
+    """What every rank of a :class:`~pipetrain.api.pipeline.Pipeline` must give alike,
+    keyed as the user writes it: every :class:`PipelineConfig` field but
+    :data:`MAY_DIFFER` (the schedule by its canonical name), the number of layers (a layer
+    sequence), the parameter and buffer shapes of an ``nn.Sequential`` or of a model to
+    capture (with its type and ``split_points``), and the ties.
+
+    Example:
+        >>> values = setup_values(PipelineConfig(balance=[1, 3]), [nn.ReLU] * 4,
+        ...                       capturing=False, split_points=None, ties=())
+        >>> values["PipelineConfig.balance"], values["len(layers)"], "PipelineConfig.timeout" in values
+        ([1, 3], 4, False)
+    """
+    values: dict[str, Any] = {}
+    for f in fields(config):
+        if f.init and f.name not in MAY_DIFFER and f.name != "extra_problems":
+            value = getattr(config, f.name)
+            values[f"PipelineConfig.{f.name}"] = (
+                _schedule_value(config) if f.name == "schedule" else value)
+    if capturing:
+        values["type(model)"] = type(layers).__name__
+        if isinstance(layers, nn.Module):
+            values["the model's parameters and buffers"] = model_tensors(layers)
+        values["split_points"] = None if split_points is None else list(split_points)
+    else:
+        values["len(layers)"] = len(layers)
+        if isinstance(layers, nn.Sequential):
+            values["the layers' parameters and buffers"] = model_tensors(layers)
+    values["ties"] = [list(tie) for tie in ties]
+    return values
+
+
+def batch_values(inputs: Any, targets: Any) -> dict[str, Any]:
+    """What every rank's batch of a training step must share: its size, and its inputs
+    and targets (the ranks compare their tensors' shapes and dtypes, and any other value
+    itself).
+
+    Example:
+        >>> import torch
+        >>> from pipetrain.api.agreement import shown
+        >>> {key: shown(value) for key, value in batch_values(torch.zeros(8, 3), None).items()}
+        {"train_step's batch size": '8', "train_step's inputs": '(8, 3) float32', "train_step's targets": 'None'}
+    """
+    try:
+        size: int | None = batch_size(inputs)
+    except ValueError:
+        size = None  # refused by the step itself, alike on every rank
+    return {"train_step's batch size": size, "train_step's inputs": inputs,
+            "train_step's targets": targets}
+
+
+def refuse_setup_disagreement(config: PipelineConfig, layers: Any, *, capturing: bool,
+                              split_points: Sequence[str] | None, ties: Sequence[Tie]) -> None:
+    """Refuse on every rank a set-up (:func:`setup_values`) that is not the same on
+    every rank (every rank calls it; nothing outside a job).
+
+    Raises:
+        DisagreementError: as :func:`~pipetrain.api.agreement.refuse_disagreement`.
+    """
+    refuse_disagreement(setup_values(config, layers, capturing=capturing,
+                                     split_points=split_points, ties=ties),
+                        what="the Pipeline's set-up", fix=SETUP_FIX)
+
+
+def refuse_batch_disagreement(inputs: Any, targets: Any) -> None:
+    """Refuse on every rank a training batch (:func:`batch_values`) that is not the same
+    on every rank (every rank calls it).
+
+    Raises:
+        DisagreementError: as :func:`~pipetrain.api.agreement.refuse_disagreement`.
+    """
+    refuse_disagreement(batch_values(inputs, targets), what="the first train_step's batch",
+                        fix="every rank passes the same global batch to train_step")
 
 
 def build_layers(source: LayerSource, *, layout: Layout, local_stages: Collection[int],
