@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, cast
 
@@ -52,6 +52,7 @@ from pipetrain.frontend import CapturedModel
 from pipetrain.frontend.names import gather_state_dict
 from pipetrain.frontend.pipelines import pipeline_units, wants_capture
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
+from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.precision import LossScaler, autocast_dtype
 from pipetrain.runtime.process_group import DistContext
@@ -239,6 +240,17 @@ class Pipeline:
         """A block in which a broken connection (a collective of the caller's, too) raises
         :class:`~pipetrain.runtime.errors.PeerFailure` naming the rank that died."""
         return self._monitor.guard() if self._monitor is not None else contextlib.nullcontext()
+
+    def at_forced_exit(self, callback: Callable[[PeerFailure], None]) -> None:
+        """Call ``callback(failure)`` just before ``config.exit_when_stuck`` ends this
+        process (from the monitor's thread, 10 s at most), e.g. to write what the run has.
+
+        Example::
+
+            pipe.at_forced_exit(lambda failure: records.write(stopped=str(failure)))
+        """
+        if self._monitor is not None:
+            self._monitor.last_words.append(callback)
 
     # -- running ------------------------------------------------------------------------
     def _run(self, actions: Sequence[Action], io: StepIO) -> None:

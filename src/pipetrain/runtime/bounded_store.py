@@ -111,7 +111,7 @@ class BoundedStore:
         """``store.add``, bounded."""
         return int(self.call("add", lambda: self.store.add(key, amount)))
 
-    def set(self, key: str, value: str | bytes) -> None:
+    def set(self, key: str, value: str) -> None:
         """``store.set``, bounded."""
         self.call("set", lambda: self.store.set(key, value))
 
