@@ -105,3 +105,26 @@ def test_a_frozen_peer_ends_the_run_in_time_and_the_history_is_kept(tmp_path: Pa
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= before
     assert metrics["stopped"]["reason"] == "error" and metrics["stopped"]["at_step"] == len(steps)
     assert "rank 1 stopped answering" in metrics["stopped"]["message"]
+
+
+def test_hosts_launched_with_different_options_are_refused_by_name(tmp_path: Path) -> None:
+    """Two workers started by hand as one job (as two torchrun machines start them), one
+    with --balance 1,2 and the other with 2,1: before this check the job trained with a
+    layer on no rank. Now every rank refuses, naming the option and each rank's value."""
+    from pipetrain.launch.processes import free_port
+
+    port = str(free_port())
+    out = tmp_path / "run"
+    workers = []
+    for rank, balance in enumerate(("1,2", "2,1")):
+        env = dict(_env(), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        workers.append(subprocess.Popen(
+            _command("--steps", "3", "--balance", balance, "--timeout", "60", "--out", str(out)),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    assert [w.returncode for w in workers] == [2, 2], outputs
+    assert _last_line(outputs[0]) == (
+        "pipetrain train: error: ranks disagree on --balance: rank 0 has '1,2', rank 1 has "
+        "'2,1'; fix: launch every host with the same options"), outputs[0]
+    assert not (out / "checkpoint").exists()

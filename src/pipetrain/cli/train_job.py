@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipetrain.api.agreement import DisagreementError, refuse_disagreement
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
@@ -82,6 +83,7 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
     context = init_distributed(timeout=args.timeout)
     peers_lost = False
     try:
+        _agree_on_options(args)
         _agree_on_folder(args, resume)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
@@ -113,6 +115,21 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
     finally:
         if dist.is_initialized() and not peers_lost:
             dist.destroy_process_group()
+
+
+_PER_HOST = ("timeout", "out")
+"""Options each host may give differently (``--out``: rank 0's is taken by all)."""
+
+
+def _agree_on_options(args: argparse.Namespace) -> None:
+    """Refuse, on every rank, hosts launched with different options (a layer would run
+    on no rank, or two cuts of the model would train side by side)."""
+    options = {flag(name, "").strip(): value for name, value in recorded(args, _PER_HOST).items()}
+    try:
+        refuse_disagreement(options, what="the options of `pipetrain train`",
+                            fix="launch every host with the same options")
+    except DisagreementError as error:
+        raise UsageError([str(error)]) from None
 
 
 def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> None:
