@@ -59,13 +59,15 @@ def test_saves_survive_the_leftovers_of_interrupted_saves(tmp_path: Path) -> Non
     """Bug: a half-deleted checkpoint.previous/ made every later save fail with
     'Directory not empty', losing the resumed run."""
     (found,) = run_workers(leftover_save_job, 1, str(tmp_path), timeout=180)
-    assert found["after_half_deleted_previous"] == ["checkpoint"]
-    assert found["found_between_renames"] == "checkpoint.previous"
-    assert found["loaded_between_renames"] == {"at": 2}
-    assert found["after_between_renames"] == ["checkpoint"]
+    assert found["after_half_deleted_previous"] == ["checkpoint", "checkpoint.step-1"]
+    assert found["found_between_renames"] == "checkpoint.partial"  # step 3, newer than step 2
+    assert found["loaded_between_renames"] == {"at": 3}
+    assert found["after_between_renames"] == ["checkpoint", "checkpoint.step-3"]
+    assert found["found_previous"] == "checkpoint.previous"  # step 4, newer than step 3
+    assert found["after_previous"] == ["checkpoint", "checkpoint.step-4"]
     assert found["found_partial"] == "checkpoint.partial"
-    assert found["after_partial"] == ["checkpoint"]
-    assert found["final_extra"] == {"at": 4}
+    assert found["after_partial"] == ["checkpoint", "checkpoint.step-5"]
+    assert found["final_extra"] == {"at": 6}
 
 
 def test_a_stage_without_parameters_needs_no_optimizer() -> None:

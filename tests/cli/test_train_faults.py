@@ -128,3 +128,116 @@ def test_hosts_launched_with_different_options_are_refused_by_name(tmp_path: Pat
         "pipetrain train: error: ranks disagree on --balance: rank 0 has '1,2', rank 1 has "
         "'2,1'; fix: launch every host with the same options"), outputs[0]
     assert not (out / "checkpoint").exists()
+
+
+_FAULTS = Path(__file__).resolve().parents[1] / "helpers" / "faults"
+
+
+def _train(*args: str, fault: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = _env()
+    if fault is not None:  # tests/helpers/faults/sitecustomize.py kills a worker in a save
+        env["PYTHONPATH"] = os.pathsep.join([str(_FAULTS), env["PYTHONPATH"]])
+        env["PIPETRAIN_TEST_FAULT"] = fault
+    return subprocess.run(_command(*args), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _assert_whole_history(out: Path, last: int) -> dict[str, Any]:
+    metrics = _metrics(out)
+    assert [s["step"] for s in metrics["steps"]] == list(range(1, last + 1))
+    return metrics
+
+
+def test_a_truncated_newest_checkpoint_resumes_from_the_one_before_with_a_warning(tmp_path: Path) -> None:
+    from pipetrain.api.checkpoint_files import checkpoint_problem
+
+    out = tmp_path / "run"
+    first = _train("--steps", "6", "--save-every", "3", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint.step-3"]
+    shard = sorted((out / "checkpoint").glob("*.distcp"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(100)
+    resumed = _train("--resume", str(out), "--steps", "8")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    warning = next(line for line in resumed.stderr.splitlines() if "warning" in line)
+    assert warning.startswith(f"pipetrain train: warning: checkpoint {out}/checkpoint (step 6) is "
+                              f"damaged: {shard.name} is 100 bytes but the checkpoint's index needs")
+    assert warning.endswith(f"resuming from {out}/checkpoint.step-3 (step 3) instead")
+    metrics = _assert_whole_history(out, 8)  # steps 4-6 trained again, once in the history
+    assert metrics["segments"][-1]["first_step"] == 4
+    assert checkpoint_problem(out / "checkpoint") is None  # the new newest is intact
+
+
+def test_a_full_disk_ends_in_one_line_and_the_older_checkpoint_survives(tmp_path: Path) -> None:
+    """The second save does not fit on a small tmpfs: one line, not a 3,000-character
+    CheckpointException, and the first save's checkpoint stays intact."""
+    from pipetrain.api.checkpoint_files import checkpoint_problem, read_meta
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        out = disk / "run"
+        done = _train("--steps", "4", "--save-every", "2", "--out", str(out))
+        kept = checkpoint_problem(out / "checkpoint"), read_meta(str(out / "checkpoint"))["step"]
+        leftovers = sorted(p.name for p in out.glob("checkpoint*"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _last_line(done.stderr)
+    assert "saving the checkpoint failed: no space left on the device of" in line, done.stderr[-3000:]
+    assert "the previous checkpoint is kept" in line and len(line) < 500
+    assert "Traceback" not in done.stderr and "CheckpointException" not in done.stderr
+    assert kept == (None, 2) and leftovers == ["checkpoint"]  # the failed save's files removed
+
+
+def test_a_worker_killed_during_a_save_is_named_without_a_gloo_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = _train("--steps", "4", "--save-every", "2", "--out", str(out), fault="manifest:2:1")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "gloo/" not in done.stderr, done.stderr[-3000:]
+    assert "rank 1" in _last_line(done.stderr), done.stderr[-3000:]
+    metrics = _metrics(out)
+    assert metrics["stopped"]["reason"] == "error" and "rank 1" in metrics["stopped"]["message"]
+    assert [s["step"] for s in metrics["steps"]] == [1, 2]
+
+
+def test_a_kill_between_the_save_and_its_rename_loses_no_history(tmp_path: Path) -> None:
+    """Rank 0 dies with step 4's checkpoint complete in checkpoint.partial, before the
+    rename: the resume continues from step 4 and the history holds steps 1-4 (an older
+    version wrote the history after the rename, so steps 3-4 were lost for good)."""
+    out = tmp_path / "run"
+    killed = _train("--steps", "4", "--save-every", "2", "--out", str(out), fault="commit:4:0")
+    assert killed.returncode != 0
+    assert (out / "checkpoint.partial" / ".metadata").is_file()
+    resumed = _train("--resume", str(out), "--steps", "6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr and "at step 4" in resumed.stderr, resumed.stderr[-2000:]
+    metrics = _assert_whole_history(out, 6)
+    assert metrics["segments"][-1]["first_step"] == 5
+
+
+def test_a_second_job_on_a_running_run_is_refused_naming_the_first(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = subprocess.Popen(_command("--steps", "100000", "--out", str(out)), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 120
+        while _steps_recorded(out) < 2 and time.monotonic() < deadline:
+            assert first.poll() is None, first.communicate()[0][-3000:]
+            time.sleep(0.5)
+        second = _train("--resume", str(out), "--steps", "200000", timeout=120)
+        assert second.returncode == 2, second.stderr[-3000:]
+        line = _last_line(second.stderr)
+        assert f"the run folder {str(out)!r} is in use by another pipetrain train job (pid {first.pid} on host" in line
+        assert f"then --resume {out}" in line
+        assert first.poll() is None  # the first job goes on, untouched
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert first.returncode == 130
+    again = _train("--resume", str(out), "--steps", str(_metrics(out)["stopped"]["at_step"] + 1))
+    assert again.returncode == 0, again.stderr[-3000:]  # the lock went with the first job

@@ -103,7 +103,8 @@ def small_eval_job(ctx: Any) -> dict[str, Any]:
 
 
 def leftover_save_job(ctx: Any, folder: str) -> dict[str, Any]:
-    """Saves after every kind of leftover an interrupted save can leave behind."""
+    """Saves after every kind of leftover an interrupted save can leave behind (the
+    two newest checkpoints kept: ``checkpoint`` and ``checkpoint.step-S``)."""
     from pipetrain.api.checkpointing import find_checkpoint
 
     path = os.path.join(folder, "checkpoint")
@@ -113,7 +114,7 @@ def leftover_save_job(ctx: Any, folder: str) -> dict[str, Any]:
 
     pipe.train_step(x, x)
     pipe.save(path, extra={"at": 1})
-    # a cleanup cut short: half of checkpoint.previous deleted (no .metadata left)
+    # an earlier version's cleanup cut short: half of checkpoint.previous deleted
     os.makedirs(path + ".previous")
     with open(os.path.join(path + ".previous", "__0_0.distcp"), "wb") as f:
         f.write(b"partial")
@@ -121,20 +122,31 @@ def leftover_save_job(ctx: Any, folder: str) -> dict[str, Any]:
     pipe.save(path, extra={"at": 2})
     found["after_half_deleted_previous"] = sorted(os.listdir(folder))
 
-    # killed between the two renames: checkpoint/ moved to .previous, the new one in .partial
-    os.replace(path, path + ".previous")
+    # killed between the two renames: checkpoint/ (step 2) set aside as checkpoint.step-2,
+    # the new one (step 3) complete in checkpoint.partial
+    pipe.train_step(x, x)
+    pipe.save(os.path.join(folder, "scratch"), extra={"at": 3}, keep=1)
+    os.replace(path, path + ".step-2")
+    os.replace(os.path.join(folder, "scratch"), path + ".partial")
     found["found_between_renames"] = os.path.basename(find_checkpoint(path) or "")
     found["loaded_between_renames"] = pipe.load(path)
     pipe.train_step(x, x)
-    pipe.save(path, extra={"at": 3})
+    pipe.save(path, extra={"at": 4})
     found["after_between_renames"] = sorted(os.listdir(folder))
+
+    # an earlier version killed between its renames: the checkpoint in checkpoint.previous
+    os.replace(path, path + ".previous")
+    found["found_previous"] = os.path.basename(find_checkpoint(path) or "")
+    pipe.train_step(x, x)
+    pipe.save(path, extra={"at": 5})
+    found["after_previous"] = sorted(os.listdir(folder))
 
     # killed after writing .partial completely, before any rename
     shutil.copytree(path, path + ".partial")
     shutil.rmtree(path)
     found["found_partial"] = os.path.basename(find_checkpoint(path) or "")
     pipe.train_step(x, x)
-    pipe.save(path, extra={"at": 4})
+    pipe.save(path, extra={"at": 6})
     found["after_partial"] = sorted(os.listdir(folder))
     found["final_extra"] = pipe.load(path)
     pipe.close()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
-from pipetrain.api.checkpointing import load_pipeline, save_pipeline
+from pipetrain.api.checkpointing import KEEP, load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
@@ -382,16 +382,21 @@ class Pipeline:
             return gather_outputs(io.outputs, num_microbatches=n, layout=self.layout,
                                   holds_last=self._holds_last, broadcast=broadcast)
 
-    def save(self, path: str, *, extra: dict[str, Any] | None = None) -> None:
+    def save(self, path: str, *, extra: dict[str, Any] | None = None, keep: int = KEEP) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint
-        (every rank calls it); see :mod:`pipetrain.api.checkpointing`. An asynchronous
-        schedule drains first."""
+        (every rank calls it), keeping the ``keep`` newest checkpoints at ``path`` (the
+        one replaced stays as ``path.step-S``); see :mod:`pipetrain.api.checkpointing`.
+        An asynchronous schedule drains first. A peer that dies during the save raises
+        :class:`~pipetrain.runtime.errors.PeerFailure` naming it, as in a step."""
         self.drain()
-        save_pipeline(self, path, extra=extra)
+        with self.guard():
+            save_pipeline(self, path, extra=extra, keep=keep)
 
     def load(self, path: str) -> dict[str, Any] | None:
-        """Load a checkpoint taken with any number of stages; returns its ``extra``."""
-        return load_pipeline(self, path)
+        """Load the newest intact checkpoint kept at ``path``, taken with any number of
+        stages (a damaged newer one is passed over with a warning); returns its ``extra``."""
+        with self.guard():
+            return load_pipeline(self, path)
 
     def close(self) -> None:
         """Stop the monitor and the transport's threads (the process group stays)."""

@@ -26,9 +26,10 @@ __all__ = [
 
 
 def contents(path: str) -> list[str]:
-    """The entries of folder ``path`` (sorted; empty when it is missing or empty)."""
+    """The entries of folder ``path`` (sorted; empty when it is missing or empty), its
+    lock file (:mod:`.run_lock`) left out."""
     try:
-        return sorted(os.listdir(path))
+        return sorted(name for name in os.listdir(path) if name != ".lock")  # a run's lock file
     except (FileNotFoundError, NotADirectoryError):
         return []
 

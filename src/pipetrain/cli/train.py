@@ -55,17 +55,32 @@ def run(args: argparse.Namespace) -> int:
         from pipetrain.cli.train_job import train_worker
 
         return train_worker(args)
-    from pipetrain.cli.run_folder import new_run_problem
+    from pipetrain.cli.run_folder import new_run_problem, resume_source
     from pipetrain.cli.train_checks import prepare
 
     _, problems = prepare(args)
     if args.out is None:
         args.out = os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    from pipetrain.cli.run_lock import RunFolderBusy, RunLock
+
+    lock = RunLock(args.out)  # held by this launcher for the whole job
+    resumed = resume_source(args.resume).run_folder if args.resume is not None else None
+    busy = (RunLock(resumed) if resumed is not None else lock).busy()
+    if busy is not None:  # what else is wrong may be a consequence (no checkpoint yet)
+        return _fail([busy], 2)
     folder_problem = new_run_problem(args.out, resume=args.resume)
     if folder_problem is not None:
         problems.append(folder_problem)
     if problems:
         return _fail(problems, 2)
+    try:
+        lock.acquire()
+    except (RunFolderBusy, OSError) as error:
+        return _fail([f"--out {args.out!r}: {error}" if isinstance(error, OSError) else str(error)], 2)
+    folder_problem = new_run_problem(args.out, resume=args.resume)  # a job that just ended
+    if folder_problem is not None:
+        lock.release()
+        return _fail([folder_problem], 2)
     if not args.verbose:  # the workers' own lines say what happened; the agent's add noise
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed.elastic"):

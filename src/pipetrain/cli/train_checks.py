@@ -42,6 +42,8 @@ class Resume:
     """The run folder whose options and history continue (None: a bare checkpoint)."""
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Options given now that differ from the resumed run's: ``{name: (old, new)}``."""
+    warnings: list[str] = field(default_factory=list)
+    """Newer checkpoints passed over because they are damaged (one line each)."""
 
 
 def _merge(args: argparse.Namespace, saved: dict[str, Any], changes: dict[str, tuple[Any, Any]],
@@ -67,23 +69,31 @@ def _merge(args: argparse.Namespace, saved: dict[str, Any], changes: dict[str, t
 
 
 def _resume(args: argparse.Namespace, problems: list[str]) -> Resume | None:
-    from pipetrain.api.checkpointing import find_checkpoint, read_checkpoint_info
+    from pipetrain.api.checkpoint_files import find_intact, read_meta
 
     if not os.path.exists(args.resume):
         problems.append(f"--resume {args.resume!r}: no such run folder or checkpoint")
         return None
     source = resume_source(args.resume)
-    found = find_checkpoint(source.checkpoint)
+    found, damaged = find_intact(source.checkpoint)
     if found is None:
         where = source.run_folder or args.resume
-        problems.append(
-            f"--resume {args.resume!r}: {where!r} holds no complete checkpoint (a run stopped "
-            "before its first save has none); fix: start the run again without --resume, or "
-            "resume a run folder that has checkpoint/"
-        )
+        if damaged:
+            listed = "; ".join(f"{c.path} (step {c.step}): {why}" for c, why in damaged)
+            problems.append(
+                f"--resume {args.resume!r}: no intact checkpoint in {where!r}: {listed}; fix: "
+                "restore the damaged files, or start the run again without --resume")
+        else:
+            problems.append(
+                f"--resume {args.resume!r}: {where!r} holds no complete checkpoint (a run stopped "
+                "before its first save has none); fix: start the run again without --resume, or "
+                "resume a run folder that has checkpoint/"
+            )
         return None
-    step = int(read_checkpoint_info(found)["step"])
-    resume = Resume(checkpoint=found, step=step, run_folder=source.run_folder)
+    step = int(read_meta(found.path)["step"])
+    resume = Resume(checkpoint=found.path, step=step, run_folder=source.run_folder,
+                    warnings=[f"checkpoint {c.path} (step {c.step}) is damaged: {why}; resuming "
+                              f"from {found.path} (step {step}) instead" for c, why in damaged])
     if source.run_folder is not None:
         saved = read_json(os.path.join(source.run_folder, "config.json")) or {}
         _merge(args, dict(saved.get("args", {})), resume.changes, problems)

@@ -27,6 +27,7 @@ from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.hf_models import pipeline_model
 from pipetrain.cli.run_folder import new_run_problem, write_json
+from pipetrain.cli.run_lock import RunFolderBusy, RunLock
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
@@ -84,7 +85,7 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
     peers_lost = False
     try:
         _agree_on_options(args)
-        _agree_on_folder(args, resume)
+        lock = _agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
@@ -132,16 +133,28 @@ def _agree_on_options(args: argparse.Namespace) -> None:
         raise UsageError([str(error)]) from None
 
 
-def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> None:
-    """Rank 0 picks and checks the run folder before anyone writes; everyone takes its answer."""
+def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> RunLock | None:
+    """Rank 0 picks and checks the run folder before anyone writes, and locks it unless
+    this job's launcher holds the lock; everyone takes its answer. The lock (rank 0's)."""
     verdict: list[Any] = [None, None]
+    lock: RunLock | None = None
     if dist.get_rank() == 0:
         out = args.out or os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-        verdict = [out, new_run_problem(out, resume=args.resume)]
+        problem = new_run_problem(out, resume=args.resume)
+        if problem is None and os.environ.get(LAUNCHED_ENV) != "1":  # under torchrun
+            lock = RunLock(out)
+            try:
+                lock.acquire()
+            except RunFolderBusy as error:
+                lock, problem = None, str(error)
+            except OSError as error:
+                lock, problem = None, f"--out {out!r}: {error}"
+        verdict = [out, problem]
     dist.broadcast_object_list(verdict, src=0)
     args.out, problem = verdict
     if problem is not None:
         raise UsageError([problem])
+    return lock
 
 
 class _Run:
@@ -201,6 +214,8 @@ class _Run:
         self.records.schedule = lambda: self.pipe.schedule(args.microbatches)
         self.records.write()
         if self.resume is not None:
+            for warning in self.resume.warnings:
+                sys.stderr.write(f"pipetrain train: warning: {warning}\n")
             sys.stderr.write(self._describe_resume() + "\n")
         self.bar = ProgressBar(args.steps, initial_step=self.start)
 
@@ -209,19 +224,22 @@ class _Run:
         self._load()
         self._open_records()
         try:
-            for step in range(self.start, self.args.steps):
-                self._train_one(step)
-                with self.pipe.guard():
-                    signal = self.stop.agreed(self.device)
-                if signal is not None:
-                    return self._interrupted(signal)
-        except NonFiniteError as error:
-            self._nonfinite(error)
-        except BaseException as error:
+            try:
+                for step in range(self.start, self.args.steps):
+                    self._train_one(step)
+                    with self.pipe.guard():
+                        signal = self.stop.agreed(self.device)
+                    if signal is not None:
+                        return self._interrupted(signal)
+                self._close_bar()
+                self._save()
+            except NonFiniteError as error:
+                self._nonfinite(error)  # raises RunStopped once its records are written
+        except RunStopped:
+            raise
+        except BaseException as error:  # a failed save included: the records say so
             self._write_failure(error)
             raise
-        self._close_bar()
-        self._save()
         return self._finish()
 
     def _train_one(self, step: int) -> None:
@@ -261,7 +279,7 @@ class _Run:
         if self.records is not None:  # the history first: it never falls behind a checkpoint
             self.records.write()
         self.pipe.save(os.path.join(self.args.out, "checkpoint"),
-                       extra={"data_step": self.pipe.step})
+                       extra={"data_step": self.pipe.step}, keep=self.args.keep_checkpoints)
         self.saved_step = self.pipe.step
         if self.records is not None:
             self.records.checkpoint_step = self.pipe.step

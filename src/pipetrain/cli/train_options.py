@@ -163,6 +163,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="validation loss every N steps (default 100; 0 = off)")
     add(training, "--save-every", type=_count, default=0,
         help="checkpoint every N steps (default 0: only at the end)")
+    add(training, "--keep-checkpoints", type=_positive_int, default=2,
+        help="checkpoints kept in the run folder: the newest and N-1 older ones, to fall "
+             "back on if the newest is damaged (default 2)")
     add(training, "--nonfinite", default="error", choices=("error", "skip"),
         help="a step with a non-finite loss or gradient norm: stop with an error, keeping "
              "the last good weights (error, the default), or skip its update (skip)")

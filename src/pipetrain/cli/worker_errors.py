@@ -12,9 +12,11 @@ under torchrun the worker prints it itself (rank 0 for a mistake every rank make
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -53,16 +55,39 @@ class RunStopped(RuntimeError):
 
 
 def _user_facing(error: BaseException) -> bool:
+    from pipetrain.api.checkpointing import CheckpointError
     from pipetrain.runtime.errors import PipelineError
 
     return isinstance(error, (UsageError, RunStopped, PipelineError, ValueError, TypeError,
-                              FileNotFoundError, ArithmeticError))
+                              FileNotFoundError, ArithmeticError, CheckpointError)) or (
+        _disk_trouble(error) is not None)
+
+
+_DISK = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+         errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
+
+
+def _disk_trouble(error: BaseException) -> str | None:
+    """One line for a write that failed for want of space or permission, else None."""
+    if not isinstance(error, OSError) or error.errno not in _DISK:
+        return None
+    where = error.filename or "the run folder"
+    folder = os.path.dirname(os.path.abspath(where)) if error.filename else "."
+    free = ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT) and os.path.isdir(folder):
+        free = f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB free there)"
+    return (f"writing {where!r} failed: {_DISK[error.errno]}{free}; the checkpoint and records "
+            "written before are kept. Fix: free space or fix the permissions, or train into "
+            "another --out")
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     if isinstance(error, (UsageError, RunStopped)):
         return " ".join(text.split("\n"))
+    disk = _disk_trouble(error)
+    if disk is not None:
+        return disk
     return f"{type(error).__name__}: {' '.join(text.splitlines())}"
 
 

@@ -167,9 +167,11 @@ class PeerMonitor:
         Prefers the root cause recorded by whichever rank saw it first. ``peer`` may be
         ``-1`` (unknown): then the rank whose address the error quotes is taken.
         """
+        others = self._others()
         if peer < 0:
-            peer = rank_of_error(error, self._roster) or -1
-        detail = name_addresses(brief(error), self._roster)
+            found = rank_of_error(error, self._roster, candidates=others)
+            peer = -1 if found is None else found
+        detail = name_addresses(brief(error), self._roster, candidates=others)
         cause = self._root_cause(wait=2.0)
         if cause is None and peer >= 0 and not self._has_exited(peer):
             guess = (peer, f"{self.name(peer)} died (its connection closed: {detail})")
@@ -203,13 +205,17 @@ class PeerMonitor:
         if isinstance(error, PeerFailure):
             return
         if is_communication_error(error):  # a broken connection is the peer's failure, not ours
-            peer = rank_of_error(error, self._roster)
+            peer = rank_of_error(error, self._roster, candidates=self._others())
             if peer is not None and not self._has_exited(peer):
-                detail = name_addresses(brief(error), self._roster)
+                detail = name_addresses(brief(error), self._roster, candidates=self._others())
                 self._record(peer, f"{self.name(peer)} died (its connection closed: {detail})")
             return
         text = f"{type(error).__name__}: {name_addresses(brief(error), self._roster)}"
         self._record(self.rank, f"{self.name(self.rank)} failed with {text}")
+
+    def _others(self) -> list[int]:
+        """The ranks a broken connection of this rank's can lead to."""
+        return [r for r in range(self.world_size) if r != self.rank]
 
     def _message(self, cause: str) -> str:
         return (

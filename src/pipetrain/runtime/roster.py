@@ -141,8 +141,10 @@ def rank_of_error(error: BaseException | str, roster: Mapping[int, RankPlace],
     return None
 
 
-def name_addresses(text: str, roster: Mapping[int, RankPlace]) -> str:
-    """``text`` with every ``[ip]:port`` of a rank's gloo address replaced by the rank.
+def name_addresses(text: str, roster: Mapping[int, RankPlace], *,
+                   candidates: Sequence[int] = ()) -> str:
+    """``text`` with every ``[ip]:port`` of a rank's gloo address replaced by the rank
+    (where several ranks share the address, the ``candidates`` among them).
 
     Example:
         >>> a = RankPlace(0, "a", "n1", "10.0.0.1", "", None)
@@ -153,6 +155,8 @@ def name_addresses(text: str, roster: Mapping[int, RankPlace]) -> str:
 
     def name(match: re.Match[str]) -> str:
         ranks = _ranks_at(match.group(1), roster)
+        if len(ranks) > 1 and candidates:
+            ranks = [r for r in ranks if r in candidates] or ranks
         if len(ranks) == 1:
             return describe_rank(ranks[0], roster)
         if ranks:
