@@ -99,11 +99,11 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         ),
         (
             ["--schedule", "interleaved", "--stages", "4", "--microbatches", "3"],
-            "use num_microbatches=4",
+            "use --microbatches 4",
         ),
         (
             ["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--virtual", "2"],
-            "stages_per_rank=2",
+            "--virtual 2",
         ),
         (
             ["--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--cost", "fwd=1"],
@@ -192,3 +192,35 @@ def test_a_deadlocking_schedule_file_exits_2_with_the_grid(
     err = capsys.readouterr().err
     assert "deadlock: rank 0, position 1: 0B0 waits for 1B0, which rank 1 runs only at position 3" in err
     assert "what it runs" in err
+
+
+@pytest.mark.parametrize("steps", ["1", "2", "8"])
+def test_an_asynchronous_steady_state_never_looks_slower_than_the_synchronized_steps(
+    steps: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug: with --steps 1 the 'steady state' was read off one step of 4 micro-batches
+    (all fill and drain), slower than Pipeline.train_step's synchronized steps."""
+    data = _json(capsys, "--schedule", "pipedream", "--stages", "2", "--microbatches", "4",
+                 "--steps", steps)
+    assert data["steady_per_microbatch"] == 3.0  # forward 1 + backward 2 at the bottleneck
+    assert data["steady_per_microbatch"] <= data["per_microbatch_in_steps"]  # type: ignore[operator]
+    assert data["average_per_microbatch"] == data["makespan"] / (4 * int(steps))  # type: ignore[operator]
+    assert main(["simulate", "--schedule", "pipedream", "--stages", "2", "--microbatches", "4",
+                 "--steps", steps]) == 0
+    text = capsys.readouterr().out
+    assert (f"the {steps} step of 4 above" if steps == "1" else f"the {steps} steps of 4 above") in text
+    assert "1 steps" not in text
+
+
+@pytest.mark.parametrize("argv, fix", [
+    (["--schedule", "zb-h1", "--stages", "4", "--microbatches", "8", "--virtual", "2"],
+     "got --virtual 2; use --virtual 1"),
+    (["--schedule", "interleaved-1f1b", "--stages", "4", "--microbatches", "2", "--virtual", "2"],
+     "got --microbatches 2 for --stages 4; use --microbatches 4"),
+])
+def test_schedule_errors_name_the_commands_flags(argv: list[str], fix: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert fix in err
+    assert "stages_per_rank" not in err and "num_microbatches" not in err and "num_ranks" not in err

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 from typing import Any
 
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
         steps = 4 if args.steps is None else args.steps  # of an asynchronous schedule
     except (OSError, ValueError) as error:
-        sys.stderr.write(f"pipetrain simulate: error: {error}\n")
+        sys.stderr.write(f"pipetrain simulate: error: {in_flags(str(error))}\n")
         return 2
     if args.plot:
         title = f"{name}: {args.stages} ranks, {args.microbatches} micro-batches"
@@ -175,9 +177,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if steady is not None:
         sys.stdout.write(
-            f"steady state: one micro-batch every {steady['steady_per_microbatch']:g} "
-            f"({steps} steps of {args.microbatches} without flushes: "
-            f"{steady['average_per_microbatch']:g} per micro-batch, fill and drain included); "
+            f"steady state (a long run): one micro-batch every {steady['steady_per_microbatch']:g}; "
+            f"the {steps} step{'s' if steps != 1 else ''} of {args.microbatches} above, without "
+            f"flushes: {steady['average_per_microbatch']:g} per micro-batch, fill and drain "
+            "included; "
             f"1f1b with a flush every {args.microbatches} micro-batches: "
             f"{steady['one_f_one_b_per_microbatch']:g} per micro-batch "
             f"({steady['speedup_over_1f1b']:.2f}x). Pipeline.train_step ends each step on "
@@ -188,9 +191,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_LONG_RUN = 8
+"""Steps of the run whose middle gives an asynchronous schedule's steady state."""
+
+_FLAGS = (("stages_per_rank", "--virtual"), ("num_microbatches", "--microbatches"),
+          ("num_ranks", "--stages"), ("num_steps", "--steps"))
+
+
+def in_flags(text: str) -> str:
+    """A schedule error written with this command's flags instead of Python names.
+
+    Example:
+        >>> in_flags("zb-h1 has one stage per rank, got stages_per_rank=2; use stages_per_rank=1")
+        'zb-h1 has one stage per rank, got --virtual 2; use --virtual 1'
+        >>> in_flags("needs num_microbatches >= 3")
+        'needs --microbatches >= 3'
+    """
+    for name, option in _FLAGS:
+        text = re.sub(rf"\b{name}=", f"{option} ", text)
+        text = re.sub(rf"\b{name}\b", option, text)
+    return text
+
+
 def _steady(schedule: Any, result: Any, costs: Costs, args: argparse.Namespace) -> dict[str, float]:
-    """The steady state of an asynchronous run, and 1F1B's cost per micro-batch."""
-    state = steady_state(schedule, result.timeline)
+    """The steady state of an asynchronous schedule (the middle of a long run, whatever
+    ``--steps``), this run's average, and 1F1B's cost per micro-batch."""
+    steps = schedule.num_microbatches // args.microbatches
+    if steps < _LONG_RUN:
+        virtual = schedule.num_stages // schedule.num_ranks
+        long_run = build_schedule(schedule.name, num_ranks=args.stages,
+                                  num_microbatches=args.microbatches, stages_per_rank=virtual,
+                                  communication=False, num_steps=_LONG_RUN,
+                                  vertical_sync=args.vertical_sync)
+        state = steady_state(long_run, simulate(long_run, costs).timeline)
+    else:
+        state = steady_state(schedule, result.timeline)
+    state = dataclasses.replace(state, average=result.makespan / schedule.num_microbatches)
     flushed = simulate(build_schedule("1f1b", num_ranks=args.stages,
                                       num_microbatches=args.microbatches, communication=False),
                        costs)
