@@ -241,3 +241,13 @@ def test_a_second_job_on_a_running_run_is_refused_naming_the_first(tmp_path: Pat
     assert first.returncode == 130
     again = _train("--resume", str(out), "--steps", str(_metrics(out)["stopped"]["at_step"] + 1))
     assert again.returncode == 0, again.stderr[-3000:]  # the lock went with the first job
+
+
+def test_the_non_finite_message_names_a_fix_that_changes_something(tmp_path: Path) -> None:
+    """Bug: it suggested --clip 1, the default, to a run that already clipped at 1."""
+    out = tmp_path / "run"
+    done = _train("--steps", "8", "--lr", "1e9", "--warmup", "1", "--out", str(out))
+    assert done.returncode == 1
+    line = _last_line(done.stderr)
+    assert "is not finite" in line and "--clip" not in line, line
+    assert "a lower --lr (now 1e+09, e.g. --lr 1e+08)" in line and f"--resume {out}" in line

@@ -323,11 +323,12 @@ class _Run:
             self._pictures()
         kept = (f"the checkpoint in {self.args.out}/checkpoint holds the last good step ({checkpoint})"
                 if checkpoint is not None else "no checkpoint was saved (no step before it was good)")
+        clip = "" if self.args.clip > 0 else " or --clip 1 (clipping is off)"
         raise RunStopped(
             f"step {error.step} is not finite (loss {error.loss:.6g}, gradient norm "
             f"{error.grad_norm:.6g}); no stage applied its update and {kept}. Fix: a lower "
-            f"--lr (now {self.args.lr:g}) or --clip 1, then --resume {self.args.out}; or "
-            "--nonfinite skip to skip such steps"
+            f"--lr (now {self.args.lr:g}, e.g. --lr {self.args.lr / 10:g}){clip}, then "
+            f"--resume {self.args.out}; or --nonfinite skip to skip such steps"
         ) from None
 
     def _forced_exit(self, failure: PeerFailure) -> None:
