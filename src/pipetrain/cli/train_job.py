@@ -213,6 +213,8 @@ class _Run:
             checkpoint_step=self.saved_step)
         self.records.schedule = lambda: self.pipe.schedule(args.microbatches)
         self.records.write()
+        if self.records.tensorboard.missing is not None:
+            sys.stderr.write(f"pipetrain train: note: {self.records.tensorboard.missing}\n")
         if self.resume is not None:
             for warning in self.resume.warnings:
                 sys.stderr.write(f"pipetrain train: warning: {warning}\n")
@@ -221,6 +223,14 @@ class _Run:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
+        """Train this session; the exit status (the TensorBoard events closed however it ends)."""
+        try:
+            return self._run()
+        finally:
+            if self.records is not None:
+                self.records.close()
+
+    def _run(self) -> int:
         self._load()
         self._open_records()
         try:
@@ -264,13 +274,14 @@ class _Run:
             if pipe.last_step_skipped:
                 record["skipped"] = True
             self.records.add(record, measure, timeline)
-            self.records.write_if_due()
             self.bar.update(step + 1, loss=loss, tokens_per_s=record["tokens_per_s"],
                             bubble=measure.bubble_fraction)
         if args.eval_every and (step + 1) % args.eval_every == 0:
             val_inputs, val_targets = self.dataset.batch(step, args.batch_size, split="val")
             val = pipe.eval_step(val_inputs, val_targets)
             record["val_loss"] = val
+        if self.records is not None:
+            self.records.logged(record)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             self._save()
 
@@ -445,7 +456,7 @@ def _report(out: str, records: RunRecords, sample: str | None) -> None:
     trained = (f"trained {len(session)} steps ({first['step']}-{last['step']})"
                if first["step"] > 1 else f"trained {len(session)} steps")
     validated = f" (validation {last['val_loss']:.3f})" if "val_loss" in last else ""
-    files = ["metrics.json", "timeline.png", "trace.json", "checkpoint/"]
+    files = ["metrics.json", "timeline.png", "loss.png", "trace.json", "checkpoint/"]
     files += ["sample.txt"] if sample is not None else []
     lines = [f"{trained}: loss {first['loss']:.3f} -> {last['loss']:.3f}{validated}",
              f"run folder: {out}  ({', '.join(files)})"]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipetrain.cli.run_folder import read_json, write_json
+from pipetrain.cli.run_logs import TensorBoardLog, render_loss
 from pipetrain.schedule import Schedule, TimedAction, simulate
 from pipetrain.trace import StepMeasure, measure_step, render_measured_timeline, write_chrome_trace
 
@@ -82,6 +83,8 @@ class RunRecords:
         """The schedule of a step (for the simulator's makespan in the summary)."""
         self._lock = threading.RLock()
         self._written = time.monotonic()
+        self.tensorboard = TensorBoardLog(out)
+        """TensorBoard events of the run, in the run folder (see :mod:`.run_logs`)."""
 
     # -- recording ----------------------------------------------------------------------
     def add(self, record: dict[str, Any], measure: StepMeasure, timeline: list[TimedAction]) -> None:
@@ -90,6 +93,16 @@ class RunRecords:
             self.steps.append(record)
             self.measures.append(measure)
             self.traced = [*self.traced, (int(record["step"]), timeline)][-_TRACE_STEPS:]
+
+    def logged(self, record: dict[str, Any]) -> None:
+        """Write a step's record to TensorBoard (once it is complete: validation loss
+        included), and ``metrics.json`` if due."""
+        self.tensorboard.step(record)
+        self.write_if_due()
+
+    def close(self) -> None:
+        """Close the TensorBoard events (the run ends)."""
+        self.tensorboard.close()
 
     def write_if_due(self) -> None:
         """Rewrite ``metrics.json`` if the last write is :data:`WRITE_EVERY` seconds old."""
@@ -103,6 +116,7 @@ class RunRecords:
             if self.stopped is None:
                 self.stopped = stopped
             self.write()
+            self.tensorboard.flush()
 
     @property
     def session_steps(self) -> list[dict[str, Any]]:
@@ -176,4 +190,8 @@ class RunRecords:
                                step_numbers=[n for n, _ in self.traced],
                                metadata={"options": self.options})
             written += ["timeline.png", "trace.json"]
+        if pictures and render_loss(self.steps, os.path.join(self.out, "loss.png"), title=title):
+            written.append("loss.png")
+        if pictures and self.memory and self.steps:
+            self.tensorboard.memory(self.memory, int(self.steps[-1]["step"]))
         return written
