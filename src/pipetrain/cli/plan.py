@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             num_microbatches=tuple(args.microbatches) if args.microbatches else None,
             checkpoints=tuple(args.checkpoint) if args.checkpoint else None,
         )
-        plan = make_plan(profile, config)
+        plan = make_plan(profile, config, progress=_progress)
     except ValueError as error:
         return _fail(str(error))
     if args.out:
@@ -155,6 +155,12 @@ def run(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def _progress(line: str) -> None:
+    """A long search's progress, every few seconds, on stderr (stdout keeps the plan)."""
+    sys.stderr.write(f"pipetrain plan: {line}\n")
+    sys.stderr.flush()
 
 
 def _fail(message: str) -> int:

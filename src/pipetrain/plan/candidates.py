@@ -12,6 +12,10 @@ config's; else ``never``, and all three under a memory limit):
   divides the workers, a straight search over groups of ``D`` workers
   (:class:`~pipetrain.plan.costs_pipetrain.ReplicaGroups`).
 
+A search none of whose plans can use the workers is left out: a stage runs on at most
+``N`` replicas, so ``n`` nodes take at most ``n N`` workers (and with ``fewer_workers``
+a search gets no more workers than that).
+
 Without a memory limit, a stage's time depends on the schedule only through its backward
 (one pass, or the two halves of ZB-H1), so the schedules of a kind with the same backward
 share a search; under one, each schedule gets its own (its memory differs).
@@ -23,13 +27,14 @@ Example:
     >>> one = (LayerProfile(name="0", forward_s=1.0, backward_s=2.0),)
     >>> found = searches(Profile(layers=one, batch_size=2),
     ...                  PlannerConfig(topology=Topology.flat(2, 1e9)))
-    >>> [(s.candidate.num_microbatches, s.schedules, s.group) for s in found]
-    [(1, ('gpipe', '1f1b'), 1), (1, ('zb-h1',), 2), (2, ('gpipe', '1f1b'), 1), (2, ('zb-h1',), 2)]
+    >>> [(s.candidate.num_microbatches, s.schedules, s.group) for s in found]  # not N = 1
+    [(2, ('gpipe', '1f1b'), 1), (2, ('zb-h1', 'zb-h2'), 2)]
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 
 from pipetrain.plan.costs import CostModel, LevelContext
@@ -42,15 +47,23 @@ from pipetrain.plan.costs_pipetrain import (
     splits_backward,
 )
 from pipetrain.plan.depths import best_per_depth, depth_cost
+from pipetrain.plan.effort import Effort
 from pipetrain.plan.flat import solve_flat
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_profile
 from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
 from pipetrain.plan.profile import Profile
-from pipetrain.plan.search import FlatSearch, Stages
+from pipetrain.plan.search import FlatSearch, Stages, replicas_per_stage
 from pipetrain.schedule.replicated import REPLICATED_SCHEDULES
 
-__all__ = ["DEPTH_BUDGET", "EXHAUSTIVE_PLANS", "Search", "count_plans", "searches"]
+__all__ = [
+    "DEPTH_BUDGET",
+    "EXHAUSTIVE_PLANS",
+    "Search",
+    "count_plans",
+    "most_workers",
+    "searches",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -123,16 +136,26 @@ def count_plans(search: FlatSearch, *, fewer_workers: bool, limit: int) -> int:
         >>> count_plans(s, fewer_workers=False, limit=100)  # 1 stage x 2, or 2 stages of 1
         3
     """
+    if fewer_workers and search.num_workers > _FIRST_COUNT:
+        # the plans on at most a few workers are some of those on at most all of them
+        ways = _ways(search, limit, workers=_FIRST_COUNT)
+        if sum(ways[0]) > limit:
+            return limit + 1
     ways = _ways(search, limit)
     counts = range(1, search.num_workers + 1) if fewer_workers else (search.num_workers,)
     return min(limit + 1, sum(ways[0][m] for m in counts))
 
 
-def _ways(search: FlatSearch, limit: int) -> list[list[int]]:
+_FIRST_COUNT = 64
+"""With ``fewer_workers``, the plans on at most this many workers are counted first."""
+
+
+def _ways(search: FlatSearch, limit: int, *, workers: int | None = None) -> list[list[int]]:
     """``ways[cut][m]``: the plans of the rest of the model from the cut on exactly ``m``
-    workers, counted up to ``limit + 1``."""
-    g, workers = search.graph, search.num_workers
-    top = 1 if search.straight else workers
+    workers (``m`` up to ``workers``, default the search's), counted up to ``limit + 1``."""
+    g = search.graph
+    workers = search.num_workers if workers is None else min(workers, search.num_workers)
+    top = replicas_per_stage(search)
     ways = [[0] * (workers + 1) for _ in range(g.num_cuts)]
     ways[g.full][0] = 1
     # within[b][m]: plans from cut b on m - top .. m - 1 workers (what a stage starting
@@ -145,15 +168,17 @@ def _ways(search: FlatSearch, limit: int) -> list[list[int]]:
             total += rest[m - 1] - (rest[m - 1 - top] if m - 1 - top >= 0 else 0)
             sums[m] = total
 
+    search.effort.charge(search.num_pairs * workers // 8, what="counting the plans")
     settle(g.full)
+    cap = [limit + 1] * (workers + 1)
     for a in range(g.full - 1, -1, -1):
+        search.effort.tick(f"counting the plans, cut {g.full - a} of {g.full}")
         here = ways[a]
         for b in g.supersets(a):
-            sums = within[b]
-            for m in range(1, workers + 1):
-                here[m] += sums[m]
-        for m in range(1, workers + 1):
-            here[m] = min(limit + 1, here[m])
+            here = list(map(operator.add, here, within[b]))
+        here = list(map(min, here, cap))
+        here[0] = 0
+        ways[a] = here
         settle(a)
     return ways
 
@@ -162,7 +187,7 @@ def _every_plan(search: FlatSearch, fewer_workers: bool) -> list[Stages]:
     """Every plan of the search that can run (no stage at the unrunnable time) and fits
     its memory limit."""
     g, workers, model = search.graph, search.num_workers, search.model
-    top = 1 if search.straight else workers
+    top = replicas_per_stage(search)
     limit = search.memory_limit
     ways = _ways(search, EXHAUSTIVE_PLANS)
     out: list[Stages] = []
@@ -194,13 +219,35 @@ def _every_plan(search: FlatSearch, fewer_workers: bool) -> list[Stages]:
     return out
 
 
-def _kinds(config: PlannerConfig) -> list[tuple[int, tuple[str, ...]]]:
-    """``(group, schedules)`` per search of one (N, checkpoint); group 0: any replicas."""
+def most_workers(profile: Profile, config: PlannerConfig) -> int:
+    """The most workers any plan can use: a stage runs on at most as many replicas as a
+    step has micro-batches (the most of those tried), and a profile of ``n`` nodes makes at
+    most ``n`` stages (one worker each when straight).
+
+    Example:
+        >>> from pipetrain.plan.planner_config import PlannerConfig
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.topology import Topology
+        >>> layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0)
+        ...                for k in range(6))
+        >>> most_workers(Profile(layers=layers, batch_size=8),
+        ...              PlannerConfig(topology=Topology.flat(1024, 1e9)))  # 6 stages x 8
+        48
+    """
+    if config.straight:
+        return profile.num_layers
+    return profile.num_layers * max(config.num_microbatches or microbatch_counts(profile))
+
+
+def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...]]]:
+    """``(group, schedules)`` per search of one (N, checkpoint); group 0: any replicas.
+    Groups of more replicas than ``num_microbatches`` cannot run, and are left out."""
     workers = config.topology.num_workers
     schedules = config.schedules or PLANNED_SCHEDULES
     free = tuple(s for s in schedules if s in REPLICATED_SCHEDULES or config.straight)
     uniform = tuple(s for s in schedules if s not in free)
-    sizes = [d for d in range(1, workers + 1) if config.fewer_workers or workers % d == 0]
+    sizes = [d for d in range(1, min(workers, num_microbatches) + 1)
+             if config.fewer_workers or workers % d == 0]
 
     def split(names: tuple[str, ...]) -> list[tuple[str, ...]]:
         """Schedules that share a search: the same stage times (the same backward) and,
@@ -215,8 +262,12 @@ def _kinds(config: PlannerConfig) -> list[tuple[int, tuple[str, ...]]]:
         (d, group) for group in split(uniform) for d in sizes]
 
 
-def searches(profile: Profile, config: PlannerConfig) -> list[Search]:
-    """Every search to run (see the module docstring)."""
+def searches(profile: Profile, config: PlannerConfig, *,
+             effort: Effort | None = None) -> list[Search]:
+    """Every search to run (see the module docstring), sharing ``effort``; a search none
+    of whose plans can use the workers (more than its micro-batches times the nodes, or
+    more stages than nodes) is left out, and with ``fewer_workers`` a search is given no
+    more workers than its plans can use."""
     workers = config.topology.num_workers
     level = LevelContext(bandwidth=config.topology.levels[0].bandwidth)
     modes = config.checkpoints or (("never",) if config.memory_limit is None else CHECKPOINT_MODES)
@@ -224,7 +275,7 @@ def searches(profile: Profile, config: PlannerConfig) -> list[Search]:
     for n in config.num_microbatches or microbatch_counts(profile):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)
         for checkpoint in modes:
-            for size, schedules in _kinds(config):
+            for size, schedules in _kinds(config, n):
                 model: CostModel = PipetrainCostModel(
                     Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint),
                     num_workers=workers,
@@ -232,10 +283,14 @@ def searches(profile: Profile, config: PlannerConfig) -> list[Search]:
                 units = workers
                 if size:
                     model, units = ReplicaGroups(model, size), workers // size  # type: ignore[arg-type]
-                    if units > graph.num_nodes and not config.fewer_workers:
+                straight = config.straight or size > 0
+                usable = graph.num_nodes * (1 if straight else n)
+                if units > usable:
+                    if not config.fewer_workers:
                         continue
+                    units = usable
                 search = FlatSearch(graph, model=model, level=level, num_workers=units,
-                                    straight=config.straight or size > 0,
-                                    memory_limit=config.memory_limit)
+                                    straight=straight, memory_limit=config.memory_limit,
+                                    effort=effort)
                 found.append(Search(search, schedules, max(1, size)))
     return found

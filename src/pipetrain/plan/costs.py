@@ -28,6 +28,9 @@ what crosses its cuts) at one :class:`LevelContext` (the topology level it is pl
   stage slower nor need more memory per worker (for the same workers after it). Then
   plans on *exactly* the given number of workers are found by one extra probe; otherwise
   the planner may fall back to the plain program of :mod:`pipetrain.plan.exact_dp`.
+- ``max_replicas`` (optional): the most replicas a stage can run on at all (every
+  ``stage_time`` above it is unrunnable); the programs over worker counts then try no
+  more (:func:`replica_cap`). A model without it has no such limit.
 
 What the search minimizes is the bottleneck stage time, which is exactly PipeDream's
 time per step. The schedule-aware ``pipetrain`` cost model
@@ -55,6 +58,7 @@ __all__ = [
     "LevelContext",
     "StageLoad",
     "StageRow",
+    "replica_cap",
     "scan_memory_replicas",
     "scan_min_replicas",
 ]
@@ -328,3 +332,16 @@ def scan_memory_replicas(
                 break
         out.append(found)
     return out
+
+
+def replica_cap(model: CostModel) -> int | None:
+    """The model's optional ``max_replicas`` (see the module docstring); None: no limit.
+
+    Example:
+        >>> from pipetrain.plan.costs_pipedream import PipeDreamCostModel
+        >>> from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+        >>> replica_cap(PipeDreamCostModel()), replica_cap(PipetrainCostModel(Candidate(num_microbatches=8)))
+        (None, 8)
+    """
+    cap = getattr(model, "max_replicas", None)
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None

@@ -223,6 +223,11 @@ class PipetrainCostModel:
         self.candidate = candidate if candidate is not None else Candidate()
         self.num_workers = num_workers
 
+    @property
+    def max_replicas(self) -> int:
+        """A stage runs on at most as many replicas as there are micro-batches."""
+        return self.candidate.num_microbatches
+
     def runs(self, load: StageLoad, replicas: int) -> bool:
         """Whether the runtime can run the stage on ``replicas`` replicas."""
         n = self.candidate.num_microbatches
@@ -316,6 +321,12 @@ class ReplicaGroups:
     @property
     def name(self) -> str:
         return self.model.name
+
+    @property
+    def max_replicas(self) -> int:
+        """The most groups a stage runs on (0: a group has more replicas than the
+        micro-batches)."""
+        return self.model.max_replicas // self.size
 
     def stage_time(self, load: StageLoad, *, replicas: int, level: LevelContext) -> float:
         return self.model.stage_time(load, replicas=replicas * self.size, level=level)

@@ -52,12 +52,14 @@ def best_per_depth(search: FlatSearch, *, fewer_workers: bool = False) -> dict[i
     depth = min(workers, g.num_nodes)
     top = 1 if search.straight else workers
     inf = math.inf
+    search.effort.charge(depth_cost(search), what="the program over pipeline depths")
     # best[cut][m][k], pick[cut][m][k] = (next cut, replicas)
     best = [[[inf] * (depth + 1) for _ in range(workers + 1)] for _ in range(g.num_cuts)]
     pick = [[[(0, 0)] * (depth + 1) for _ in range(workers + 1)] for _ in range(g.num_cuts)]
     best[g.full][0][0] = 0.0
     for a in range(g.full - 1, -1, -1):
         row, here, choice = search.rows[a], best[a], pick[a]
+        search.effort.tick(f"program over pipeline depths, cut {g.full - a} of {g.full}")
         for k, b in enumerate(g.supersets(a)):
             load = row.load(k)
             times = [0.0] + [model.stage_time(load, replicas=r, level=level)

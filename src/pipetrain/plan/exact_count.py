@@ -39,6 +39,8 @@ def probe_straight_exact(search: FlatSearch, time_limit: float) -> Stages | None
     g, count = search.graph, search.num_workers
     if count > g.num_nodes:
         return None
+    search.effort.charge(search.num_pairs, what="a probe for exactly as many stages as workers")
+    search.effort.tick(f"probing a slowest stage of {time_limit:.6g} s")
     keep = (1 << (count + 1)) - 1
     counts = [0] * g.num_cuts  # bit k: the suffix can be cut into exactly k stages
     counts[g.full] = 1
@@ -81,6 +83,8 @@ def probe_exact(search: FlatSearch, time_limit: float) -> Stages | None:
     """
     assert search.model.replicas_monotone, "probe_exact needs replicas_monotone"
     g, count = search.graph, search.num_workers
+    search.effort.charge(search.num_pairs, what="a probe for plans on exactly the workers")
+    search.effort.tick(f"probing a slowest stage of {time_limit:.6g} s")
     keep = (1 << (count + 1)) - 1
     counts = [0] * g.num_cuts
     counts[g.full] = 1

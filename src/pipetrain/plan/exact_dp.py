@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from pipetrain.plan.search import FlatSearch, Stages
+from pipetrain.plan.search import FlatSearch, Stages, replicas_per_stage
 
 __all__ = ["exact_dp"]
 
@@ -39,13 +39,16 @@ def exact_dp(search: FlatSearch, *, fewer_workers: bool = False) -> tuple[Stages
     """
     g, workers = search.graph, search.num_workers
     model, level, memory = search.model, search.level, search.memory_limit
-    top = 1 if search.straight else workers
+    top = replicas_per_stage(search)
     inf = math.inf
+    search.effort.charge(search.num_pairs * workers * top,
+                         what=f"the program over cuts and {workers:,} worker counts")
     best = [[inf] * (workers + 1) for _ in range(g.num_cuts)]
     best[g.full][0] = 0.0
     pick: list[list[tuple[int, int]]] = [[(0, 0)] * (workers + 1) for _ in range(g.num_cuts)]
     for a in range(g.full - 1, -1, -1):
         row, here, choice = search.rows[a], best[a], pick[a]
+        search.effort.tick(f"program over worker counts, cut {g.full - a} of {g.full}")
         for k, b in enumerate(g.supersets(a)):
             load = row.load(k)
             times = [0.0] + [

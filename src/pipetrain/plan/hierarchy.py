@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from pipetrain.plan.costs import CostModel, LevelContext, StageLoad
+from pipetrain.plan.effort import Effort
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.topology import Topology
 
@@ -64,9 +65,11 @@ class HierarchyResult:
 
 class _Levels:
     def __init__(
-        self, graph: CutGraph, model: CostModel, topology: Topology, straight: bool, fewer: bool
+        self, graph: CutGraph, model: CostModel, topology: Topology, straight: bool, fewer: bool,
+        effort: Effort,
     ) -> None:
         self.g, self.model, self.straight, self.fewer = graph, model, straight, fewer
+        self.effort = effort
         self.levels = topology.levels
         self.contexts = [
             LevelContext(
@@ -152,13 +155,31 @@ class _Levels:
             for b in self.g.supersets(k)
         }
 
+    def cost(self) -> int:
+        """About how many steps (:mod:`pipetrain.plan.effort`) :meth:`solve` takes: per
+        level below the top, every chain of three cuts times the worker counts times the
+        replica counts (every pair of cuts at the top), at an eighth of a step each (the
+        inner loop is that much lighter than a step)."""
+        g = self.g
+        pairs = sum(len(g.supersets(a)) for a in range(g.full))
+        chains = sum(len(g.supersets(k)) for a in range(g.full) for k in g.supersets(a))
+        steps = 0
+        for level, lv in enumerate(self.levels):
+            n = lv.num_workers
+            per = n if self.straight else n * n // 2 + n
+            steps += pairs * n + (chains if level < len(self.levels) - 1 else pairs) * per
+        return steps // 8
+
     def solve(self) -> HierarchyResult | None:
         g, top = self.g, len(self.levels) - 1
+        self.effort.charge(self.cost(), what=f"the hierarchical program over {g.num_cuts:,} "
+                                             f"cuts and {len(self.levels)} levels")
         for level in range(top):
             later = self.later_times(level, range(g.num_cuts))
             n = self.levels[level].num_workers
             inner: dict[tuple[int, int], float] = {}
             for a in range(g.full):
+                self.effort.tick(f"level {level + 1} of {top + 1}, cut {a + 1} of {g.full}")
                 best, _ = self.segment(level, a, later, track=False)
                 for b, row in best.items():
                     inner[(a, b)] = row[n]
@@ -250,9 +271,11 @@ def solve_hierarchy(
     topology: Topology,
     straight: bool = False,
     fewer_workers: bool = False,
+    effort: Effort | None = None,
 ) -> HierarchyResult | None:
     """The best plan over ``topology``'s levels (see the module docstring), or None when no
-    plan exists (a straight pipeline longer than the model).
+    plan exists (a straight pipeline longer than the model). ``effort`` bounds the work
+    (:mod:`pipetrain.plan.effort`; None: no limit).
 
     Example:
         >>> from pipetrain.plan.profile import LayerProfile, Profile
@@ -262,4 +285,6 @@ def solve_hierarchy(
         ...                 topology=Topology.from_lists([2, 2], [1e9, 1e9])).time
         2.0
     """
-    return _Levels(graph, model, topology, straight, fewer_workers).solve()
+    levels = _Levels(graph, model, topology, straight, fewer_workers,
+                     effort if effort is not None else Effort(limit=None))
+    return levels.solve()

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from pipetrain.plan.cost_models import get_cost_model
 from pipetrain.plan.costs import CostModel, LevelContext
+from pipetrain.plan.effort import Effort
 from pipetrain.plan.flat import (
     memory_advice,
     smallest_memory,
@@ -48,7 +50,13 @@ from pipetrain.plan.search import FlatSearch, Stages
 __all__ = ["PlannerConfig", "make_plan"]
 
 
-def make_plan(profile: Profile, config: PlannerConfig, *, model: CostModel | None = None) -> Plan:
+def make_plan(
+    profile: Profile,
+    config: PlannerConfig,
+    *,
+    model: CostModel | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
     """The plan with the smallest predicted time per step (see the module docstring).
 
     With the ``pipetrain`` cost model (the default) the plan also names the schedule,
@@ -56,7 +64,10 @@ def make_plan(profile: Profile, config: PlannerConfig, *, model: CostModel | Non
     (:mod:`pipetrain.plan.schedule_choice`). ``model`` overrides ``config.cost_model``
     (for a model that is not registered): the plan minimizes its slowest stage. Raises
     ValueError for plans that cannot exist, naming the fix (the smallest memory limit
-    that fits, the most workers a straight pipeline can take).
+    that fits, the most workers a straight pipeline can take), and
+    :class:`~pipetrain.plan.effort.PlanTooLarge` (a ValueError) when the search would
+    take more than ``config.max_work`` steps, naming the fix. ``progress`` gets a line
+    every few seconds while the search runs (``pipetrain plan`` writes them to stderr).
 
     Example:
         >>> from pipetrain.plan.profile import LayerProfile, Profile
@@ -73,12 +84,19 @@ def make_plan(profile: Profile, config: PlannerConfig, *, model: CostModel | Non
             f"one node each, but the profile has {profile.num_layers} nodes; use at most "
             f"{profile.num_layers} workers, drop --straight, or add --fewer-workers"
         )
+    effort = Effort(limit=config.max_work, report=progress)
     if model is None and config.cost_model == "pipetrain":
-        return plan_pipetrain(profile, config)
+        return plan_pipetrain(profile, config, effort=effort)
     model = model if model is not None else get_cost_model(config.cost_model)
     graph = CutGraph(profile, max_cuts=config.max_cuts)
     if config.topology.num_levels > 1:
-        return _hierarchical(profile, graph, model, config)
+        effort.fix = (
+            "fewer workers per level (--workers), a flat topology (one --workers and "
+            "--bandwidth value: its planner's cost grows far slower), or a profile with "
+            "fewer layers"
+        )
+        return _hierarchical(profile, graph, model, config, effort)
+    effort.fix = "fewer --workers, --fewer-workers, or a profile with fewer layers"
     level = config.topology.levels[0]
     context = LevelContext(bandwidth=level.bandwidth)
     search = FlatSearch(
@@ -88,6 +106,7 @@ def make_plan(profile: Profile, config: PlannerConfig, *, model: CostModel | Non
         num_workers=workers,
         straight=config.straight,
         memory_limit=config.memory_limit,
+        effort=effort,
     )
     result = solve_flat(search, fewer_workers=config.fewer_workers)
     if result is None:
@@ -155,7 +174,7 @@ def _flat_plan(
 
 
 def _hierarchical(
-    profile: Profile, graph: CutGraph, model: CostModel, config: PlannerConfig
+    profile: Profile, graph: CutGraph, model: CostModel, config: PlannerConfig, effort: Effort
 ) -> Plan:
     topology = config.topology
     result = solve_hierarchy(
@@ -164,6 +183,7 @@ def _hierarchical(
         topology=topology,
         straight=config.straight,
         fewer_workers=config.fewer_workers,
+        effort=effort,
     )
     if result is None:
         raise ValueError(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
 from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES
+from pipetrain.plan.effort import DEFAULT_MAX_WORK
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS
 from pipetrain.plan.topology import Topology
 from pipetrain.schedule import ASYNC_SCHEDULES, TRAINING_SCHEDULES, build_schedule, canonical_name
@@ -70,6 +71,10 @@ class PlannerConfig:
     checkpoints: tuple[str, ...] | None = None
     """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
     ``except_last`` and ``always``)."""
+    max_work: int | None = DEFAULT_MAX_WORK
+    """The most steps the planner's programs may take (None: no limit); a plan that
+    needs more is refused at once with :class:`~pipetrain.plan.effort.PlanTooLarge`,
+    naming the fix (:mod:`pipetrain.plan.effort`)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -87,6 +92,10 @@ class PlannerConfig:
                 f"(--workers {self.topology.num_workers} --bandwidth "
                 f"{self.topology.levels[-1].bandwidth:g}) or drop --memory"
             )
+        work = self.max_work
+        if work is not None and (isinstance(work, bool) or not isinstance(work, int) or work < 1):
+            problems.append(f"max_work={work!r} must be a whole number of steps >= 1 "
+                            f"(e.g. {DEFAULT_MAX_WORK}), or None for no limit")
         problems += self._choice_problems()
         if problems:
             raise ValueError("; ".join(problems))

@@ -47,8 +47,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipetrain.plan.candidates import DEPTH_BUDGET, EXHAUSTIVE_PLANS, Search, searches
+from pipetrain.plan.candidates import (
+    DEPTH_BUDGET,
+    EXHAUSTIVE_PLANS,
+    Search,
+    most_workers,
+    searches,
+)
 from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+from pipetrain.plan.effort import Effort
 from pipetrain.plan.flat import (
     memory_advice,
     smallest_memory,
@@ -56,14 +63,18 @@ from pipetrain.plan.flat import (
     straight_stages_needed,
 )
 from pipetrain.plan.graph import CutGraph
-from pipetrain.plan.microbatch_profile import microbatch_profile
+from pipetrain.plan.microbatch_profile import (
+    MAX_MICROBATCHES,
+    microbatch_counts,
+    microbatch_profile,
+)
 from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
 from pipetrain.plan.planner_config import PlannerConfig
 from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch, Stages
-from pipetrain.plan.simulated_step import predicted_step, step_lower_bound
+from pipetrain.plan.simulated_step import one_stage_step, predicted_step, step_lower_bound
 
-__all__ = ["plan_for_layout", "plan_pipetrain"]
+__all__ = ["plan_for_layout", "plan_pipetrain", "schedule_steps"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +128,10 @@ class _Option:
     stages: Stages
 
 
-def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
-            ) -> _Option | None:
+def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig,
+            effort: Effort | None = None) -> _Option | None:
     """The plan under ``schedule``; None when the schedule cannot run it or it does not
-    fit the memory limit."""
+    fit the memory limit. ``effort`` is charged for building its step's schedule."""
     search, base = entry.search, entry.candidate
     candidate = Candidate(schedule=schedule, num_microbatches=base.num_microbatches,
                           checkpoint=base.checkpoint)
@@ -135,6 +146,9 @@ def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig
         after -= r
     if config.memory_limit is not None and memory > config.memory_limit:
         return None
+    if effort is not None:
+        effort.charge(schedule_steps(replicas, candidate.num_microbatches),
+                      what=f"building the {schedule} schedule of {sum(replicas):,} workers")
     try:
         bound = step_lower_bound(loads, replicas, candidate, bandwidth=search.level.bandwidth)
     except ValueError as error:
@@ -152,15 +166,19 @@ def _simulated(option: _Option) -> _Scored:
 
 
 def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
-                   exhaustive: int = EXHAUSTIVE_PLANS, depth_budget: int = DEPTH_BUDGET) -> Plan:
+                   exhaustive: int = EXHAUSTIVE_PLANS, depth_budget: int = DEPTH_BUDGET,
+                   effort: Effort | None = None) -> Plan:
     """The plan with the fastest simulated step (see the module docstring); a search with
     at most ``exhaustive`` plans simulates them all, else the best of each depth when that
-    program costs at most ``depth_budget``, else the best of any depth.
+    program costs at most ``depth_budget``, else the best of any depth. ``effort`` bounds
+    the work and reports progress (None: ``config.max_work``, no reports).
 
     Raises:
         ValueError: a topology of several levels, or no plan within the memory limit (the
             message gives the smallest limit that fits, or the workers a straight pipeline
-            needs), or none that the runtime can run at the micro-batch counts tried.
+            needs), or none that the runtime can run at the micro-batch counts tried (found
+            before any search when no plan can use all the workers);
+            :class:`~pipetrain.plan.effort.PlanTooLarge` past the work limit.
     """
     if config.topology.num_levels > 1:
         raise ValueError(
@@ -169,21 +187,36 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
             f"hierarchical planner), or plan the flat cluster (--workers "
             f"{config.topology.num_workers} --bandwidth {config.topology.levels[-1].bandwidth:g})"
         )
-    found = searches(profile, config)
-    options = [
-        option
-        for entry in found
+    effort = effort if effort is not None else Effort(limit=config.max_work)
+    most = most_workers(profile, config)
+    if not config.fewer_workers and config.topology.num_workers > most:
+        raise ValueError(_too_many_workers(profile, config, most))
+    effort.fix = (
+        "--fewer-workers (no program over exact worker counts), fewer --workers, fewer "
+        "micro-batch counts to try (--microbatches N), or --cost-model pipedream"
+    )
+    found = searches(profile, config, effort=effort)
+    options = []
+    for index, entry in enumerate(found):
+        candidate = entry.candidate
+        effort.task = (f"search {index + 1} of {len(found)} ({candidate.num_microbatches} "
+                       f"micro-batches, {'/'.join(entry.schedules)})")
         for stages in entry.plans(fewer_workers=config.fewer_workers, exhaustive=exhaustive,
-                                  depth_budget=depth_budget)
-        for schedule in entry.schedules
-        if (option := _option(entry, stages, schedule, config)) is not None
-    ]
+                                  depth_budget=depth_budget):
+            for schedule in entry.schedules:
+                if (option := _option(entry, stages, schedule, config, effort)) is not None:
+                    options.append(option)
     options.sort(key=lambda option: option.bound)
+    effort.task = f"simulating up to {len(options)} plans"
     best: _Scored | None = None
     simulated = 0
     for option in options:  # in the order of their lower bounds, until none can win
         if best is not None and option.bound > best.step * (1 + SAME_SPEED):
             break
+        effort.tick(f"{simulated} simulated")
+        effort.charge(schedule_steps([r for _, _, r in option.stages],
+                                     option.candidate.num_microbatches),
+                      what=f"simulating a step on {sum(r for _, _, r in option.stages):,} workers")
         scored = _simulated(option)
         simulated += 1
         if best is None or _beats(scored, best):
@@ -240,12 +273,45 @@ def plan_for_layout(profile: Profile, balance: Sequence[int], replicas: Sequence
     return _plan(profile, best, config)
 
 
+def schedule_steps(replicas: Sequence[int], num_microbatches: int) -> int:
+    """About the steps (:mod:`pipetrain.plan.effort`) of building, validating and
+    simulating one step's schedule on ``replicas`` (per stage): some per action, and per
+    pair of ranks (a schedule's replica groups are checked against each other).
+
+    Example:
+        >>> schedule_steps([64] * 100, 64) > schedule_steps([1, 1], 8)
+        True
+    """
+    ranks = sum(replicas)
+    actions = 3 * len(replicas) * num_microbatches + 2 * ranks
+    return 40 * actions + ranks * ranks // 32
+
+
 def _beats(a: _Scored, b: _Scored) -> bool:
     """:func:`prefer`, then the preferred schedule, then fewer micro-batches."""
     if prefer((a.step, a.memory), (b.step, b.memory)) or prefer((b.step, b.memory),
                                                                    (a.step, a.memory)):
         return prefer((a.step, a.memory), (b.step, b.memory))
     return a.key[2:] < b.key[2:]
+
+
+def _too_many_workers(profile: Profile, config: PlannerConfig, most: int) -> str:
+    """Why no plan uses all the workers: too few stages times micro-batches."""
+    workers, nodes = config.topology.num_workers, profile.num_layers
+    what = "layers" if profile.is_sequence else "nodes"
+    counts = sorted(config.num_microbatches or microbatch_counts(profile))
+    source = ("--microbatches" if config.num_microbatches else
+              f"the divisors of the profile's batch of {profile.batch_size} samples, up to "
+              f"{MAX_MICROBATCHES}")
+    needed = -(-workers // nodes)
+    return (
+        f"no plan on {workers} workers runs with {counts} micro-batches per step ({source}): "
+        f"a stage runs on at most as many replicas as a step has micro-batches, and the "
+        f"profile's {nodes} {what} make at most {nodes} stages, so a plan uses at most "
+        f"{most} workers; fix: --workers {most} or fewer, --fewer-workers (leave the rest "
+        f"idle), or --microbatches {needed} or more (the profile's batch should then have at "
+        f"least {needed} samples)"
+    )
 
 
 def _advice(found: list[Search], config: PlannerConfig) -> str:
@@ -290,7 +356,7 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
     whole = CutGraph(profile, max_cuts=config.max_cuts)
     one = predicted_step([whole.load(0, whole.full)], [1], Candidate(), bandwidth=bandwidth)
     shares = CutGraph(microbatch_profile(profile, workers), max_cuts=config.max_cuts)
-    data_parallel = predicted_step([shares.load(0, shares.full)], [workers],
+    data_parallel = one_stage_step(shares.load(0, shares.full), workers,
                                    Candidate(num_microbatches=workers), bandwidth=bandwidth)
     return Plan(
         stages=tuple(stages),

@@ -26,11 +26,12 @@ import operator
 from array import array
 from collections.abc import Callable, Sequence
 
-from pipetrain.plan.costs import CostModel, LevelContext, StageLoad, StageRow
+from pipetrain.plan.costs import CostModel, LevelContext, StageLoad, StageRow, replica_cap
+from pipetrain.plan.effort import Effort
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.replica_cache import ReplicaCache
 
-__all__ = ["EVENT_BUDGET", "FlatSearch", "Stages"]
+__all__ = ["EVENT_BUDGET", "FlatSearch", "Stages", "replicas_per_stage"]
 
 Stages = list[tuple[int, int, int]]
 """A plan on one level: ``(first cut, last cut, replicas)`` per stage, in order."""
@@ -63,14 +64,19 @@ class FlatSearch:
         num_workers: int,
         straight: bool = False,
         memory_limit: float | None = None,
+        effort: Effort | None = None,
     ) -> None:
         self.graph = graph
+        self.effort = effort if effort is not None else Effort(limit=None)
+        """The planning run's work budget and progress reports (shared by its searches)."""
         self.model = model
         self.level = level
         self.num_workers = num_workers
         self.straight = straight
         self.memory_limit = memory_limit
         self.rows = [self._row(a) for a in range(graph.full)]
+        self.num_pairs = sum(len(row) for row in self.rows)
+        """Candidate stages: the pairs of cuts ``a < b``."""
         self.straight_masks: tuple[float, list[list[int]]] | None = None
         self.single = ReplicaCache(self.rows, model, level, max_replicas=1)
         self.fewest = (
@@ -150,6 +156,8 @@ class FlatSearch:
     def probe_fewest(self, time_limit: float) -> Stages | None:
         """A plan with every stage at most ``time_limit`` on the fewest workers (one each
         when straight), or None when it needs more than ``num_workers``."""
+        self.effort.charge(self.num_pairs, what="a probe of the threshold search")
+        self.effort.tick(f"probing a slowest stage of {time_limit:.6g} s")
         g, limit = self.graph, self.num_workers
         big = 4 * limit + 1  # beyond it: infeasible (up to it: how far, for guess)
         fewest = [big] * g.num_cuts
@@ -367,6 +375,25 @@ class FlatSearch:
             if self.fits(padded, time_limit):
                 return padded
         return None
+
+
+def replicas_per_stage(search: FlatSearch) -> int:
+    """The most replicas one stage of the search's plans can have: 1 when straight, else
+    the workers, or the model's :func:`~pipetrain.plan.costs.replica_cap` if smaller.
+
+    Example:
+        >>> from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> one = Profile(layers=(LayerProfile(name="0", forward_s=1.0, backward_s=1.0),))
+        >>> s = FlatSearch(CutGraph(one), model=PipetrainCostModel(Candidate(num_microbatches=4)),
+        ...                level=LevelContext(bandwidth=1e9), num_workers=16)
+        >>> replicas_per_stage(s)
+        4
+    """
+    if search.straight:
+        return 1
+    cap = replica_cap(search.model)
+    return search.num_workers if cap is None else max(0, min(search.num_workers, cap))
 
 
 def _positions(values: list[int], value: int) -> list[int]:

@@ -54,6 +54,7 @@ from pipetrain.schedule import (
 
 __all__ = [
     "link_time",
+    "one_stage_step",
     "predicted_step",
     "simulate_step",
     "step_costs",
@@ -219,3 +220,29 @@ def predicted_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidat
     """
     result = simulate_step(loads, replicas, candidate, bandwidth=bandwidth)
     return max(synchronized_end(result), link_time(loads, replicas, candidate, bandwidth=bandwidth))
+
+
+def one_stage_step(load: StageLoad, replicas: int, candidate: Candidate, *,
+                   bandwidth: float) -> float:
+    """:func:`predicted_step` of a one-stage plan (data parallelism), without building its
+    schedule (whose size grows with the square of the replicas): the busiest replica runs
+    its micro-batches one after the other, then the all-reduce and the optimizer step.
+
+    Example:
+        >>> from pipetrain.plan.costs import StageLoad
+        >>> load = StageLoad(compute_s=3.0, forward_s=1.0, parameter_bytes=0.0,
+        ...                  activation_bytes=0.0, input_bytes=0.0, output_bytes=0.0,
+        ...                  is_first=True, is_last=True, optimizer_step_s=0.5)
+        >>> one_stage_step(load, 2, Candidate(num_microbatches=4), bandwidth=1e9)
+        6.5
+        >>> one_stage_step(load, 100_000, Candidate(num_microbatches=100_000), bandwidth=1e9)
+        3.5
+    """
+    costs = step_costs([load], [replicas], candidate, bandwidth=bandwidth).per_stage(1)
+    per_replica = -(-candidate.num_microbatches // replicas)
+    if any(a.op is Op.BACKWARD_INPUT for a in _built(candidate.schedule, 2, (1,)).actions[0]):
+        each = costs.forward[0] + costs.backward_input[0] + costs.backward_weight[0]
+    else:
+        each = costs.forward[0] + costs.backward[0]
+    busy = per_replica * each + (costs.reduce[0] if replicas > 1 else 0.0) + costs.step[0]
+    return max(busy, link_time([load], [replicas], candidate, bandwidth=bandwidth))
