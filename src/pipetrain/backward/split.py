@@ -21,6 +21,11 @@ A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D i
 they carry no Python hooks. Under autocast the weight reaches the GEMM through a cast,
 so nothing fuses there. Everything else takes autograd's path. A full backward (no
 split) runs in one pass instead: :mod:`.fused`.
+
+Reading a node as a GEMM and a parameter's hooks needs private torch names: that is
+:mod:`pipetrain.compat`'s (:func:`~pipetrain.compat.gemm_node`), which turns fusion off
+on a torch where they do not behave as expected. Parameters are matched to the graph
+through the public ``torch.autograd.graph.get_gradient_edge``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from pipetrain.backward.gradient_pool import GradientPool
 from pipetrain.backward.roots import Root, start_points
+from pipetrain.compat import gemm_node, has_grad_hooks, transposed_input
 
 __all__ = ["FUSE_MIN_ELEMENTS", "GradientPool", "WeightGradient", "backward_input"]
 
@@ -64,6 +70,8 @@ class _Linear:
     x: torch.Tensor | None
     """the saved input (``None`` once accumulated: the layer's input may be freed then)"""
     transposed: bool = True
+    x_edge: int = 1
+    """the index of the node's edge that ``x``'s gradient leaves by"""
     grad: torch.Tensor | None = None
 
     @property
@@ -130,64 +138,54 @@ def _children(node: Any) -> list[Any]:
     return [child for child, _ in node.next_functions if child is not None]
 
 
-def _has_hooks(tensor: torch.Tensor) -> bool:
-    return bool(getattr(tensor, "_backward_hooks", None)) or bool(
-        getattr(tensor, "_post_accumulate_grad_hooks", None)
-    )
-
-
-def _own_param(node: Any, consumers: dict[Any, int], params: set[int]) -> torch.Tensor | None:
-    """The parameter accumulated by ``node`` if it is one of ``params`` used only there."""
-    param = getattr(node, "variable", None) if node is not None else None
-    if param is None or id(param) not in params or consumers.get(node) != 1 or _has_hooks(param):
+def _own_param(node: Any, consumers: dict[Any, int],
+               param_of: dict[Any, torch.Tensor]) -> torch.Tensor | None:
+    """The parameter accumulated by ``node`` if it is one of ``param_of``'s, used only
+    there and without hooks."""
+    param = param_of.get(node) if node is not None else None
+    if param is None or consumers.get(node) != 1 or has_grad_hooks(param):
         return None
-    return param  # type: ignore[no-any-return]
+    return param
 
 
-def _as_linear(node: Any, consumers: dict[Any, int], params: set[int]) -> _Linear | None:
-    name = node.name()
-    if name == "AddmmBackward0":
-        if node._saved_alpha != 1 or node._saved_beta != 1:
-            return None
-        (bias_node, _), _, (w_node, _) = node.next_functions
-        x = node._saved_mat1
-    elif name == "MmBackward0":
-        _, (w_node, _) = node.next_functions
-        bias_node, x = None, node._saved_self
-    else:
+def _as_linear(node: Any, consumers: dict[Any, int],
+               param_of: dict[Any, torch.Tensor]) -> _Linear | None:
+    gemm = gemm_node(node)
+    if gemm is None:
         return None
-    transposed = w_node is not None and w_node.name() == "TBackward0"
+    w_node, x = gemm.weight, gemm.x
+    below = transposed_input(w_node)
+    transposed = below is not None
     if transposed:
         if consumers.get(w_node) != 1:
             return None
-        w_node = w_node.next_functions[0][0]
-    weight = _own_param(w_node, consumers, params)
+        w_node = below
+    weight = _own_param(w_node, consumers, param_of)
     if weight is None or weight.dim() != 2 or x is None or x.dim() != 2 or x.dtype != weight.dtype:
         return None
     bias = None
-    if bias_node is not None:
-        bias = _own_param(bias_node, consumers, params)
+    if gemm.bias is not None:
+        bias = _own_param(gemm.bias, consumers, param_of)
         if bias is None or bias.dim() != 1:
             return None
-    return _Linear(node, weight, bias, x, transposed)
+    return _Linear(node, weight, bias, x, transposed, gemm.x_edge)
 
 
-def _linears(order: Sequence[Any], consumers: dict[Any, int], params: Sequence[torch.Tensor],
+def _linears(order: Sequence[Any], consumers: dict[Any, int], params: Iterable[torch.Tensor],
              *, min_elements: int = 0) -> dict[Any, _Linear]:
     """The fusible linear layers among ``order`` whose weights have at least
     ``min_elements`` elements, by node."""
-    ids = {id(p) for p in params if p.dim() != 2 or p.numel() >= min_elements}
-    found = {}
+    # only matrices (weights) and vectors (biases) can be a linear layer's
+    param_of = {get_gradient_edge(p).node: p for p in params if p.requires_grad and (
+        p.dim() == 1 or (p.dim() == 2 and p.numel() >= min_elements))}
+    found: dict[Any, _Linear] = {}
+    if not param_of:
+        return found
     for node in order:
-        linear = _as_linear(node, consumers, ids)
+        linear = _as_linear(node, consumers, param_of)
         if linear is not None:
             found[node] = linear
     return found
-
-
-def _input_edge(node: Any) -> Any:
-    """The node a fusible linear layer's node passes its input's gradient to."""
-    return node.next_functions[1 if node.name() == "AddmmBackward0" else 0][0]
 
 
 def _walk(roots: list[Any]) -> tuple[list[Any], dict[Any, int]]:
@@ -270,8 +268,8 @@ def backward_input(
 
     def followed(node: Any) -> list[Any]:
         if node in linears:  # its weight and bias are the fused pass's
-            x_edge = _input_edge(node)
-            return [x_edge] if x_edge is not None else []
+            x_node = node.next_functions[linears[node].x_edge][0]
+            return [x_node] if x_node is not None else []
         return _children(node)
 
     # reaches[node] = (leads to an anchor, leads to a parameter left to autograd)
