@@ -112,3 +112,29 @@ def test_the_pipetrain_plans_train_as_one_process_does() -> None:
         assert worst < 1e-5, (config, worst)
         losses = results[0][c][1]
         assert max(abs(a - b) for a, b in zip(losses, reference_losses)) < 1e-5, config
+
+
+def test_a_plan_made_for_another_model_with_as_many_layers_is_refused_naming_both() -> None:
+    """Bug: a plan was matched to a model by its layer count only, so a plan made from an
+    MLP's profile ran a GPT once --layers made the counts agree."""
+    import torch
+
+    from pipetrain.models import GPTConfig, gpt_layer_factories, mlp_layer_factories
+    from pipetrain.plan.profiler import identify_model, profile_model
+
+    mlp = mlp_layer_factories(width=16, depth=6, seed=0)
+    profile = profile_model(mlp, torch.randn(4, 16), device="cpu", warmup=0, repetitions=1)
+    assert profile.model["summary"] == "6 layers (6 x Sequential(Linear, ReLU)), 1,632 parameters"
+    plan = make_plan(profile, PlannerConfig(topology=Topology.flat(2, 1e9)))
+    assert plan.profile["model"] == profile.model
+    gpt = identify_model(gpt_layer_factories(GPTConfig(num_layers=4, width=16, num_heads=2,
+                                                       context=16), seed=0), name="gpt")
+    with pytest.raises(ValueError) as refused:
+        config_from_plan(plan, num_layers=6, model=gpt)
+    message = str(refused.value)
+    assert "made from a profile of another model" in message
+    assert profile.model["summary"] in message and gpt["summary"] in message
+    assert "fix: profile this model and plan again" in message
+    same = identify_model(mlp)
+    assert same["digest"] == profile.model["digest"]
+    assert config_from_plan(plan, num_layers=6, model=same).num_stages == plan.num_stages

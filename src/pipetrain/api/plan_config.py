@@ -55,12 +55,14 @@ def plan_balance(plan: Plan) -> list[int]:
 
 
 def config_from_plan(plan: Plan | str | os.PathLike[str], *, num_layers: int | None = None,
-                     **fields: Any) -> PipelineConfig:
+                     model: dict[str, Any] | None = None, **fields: Any) -> PipelineConfig:
     """The configuration that runs ``plan`` (a :class:`~pipetrain.plan.Plan` or its file).
 
     ``fields`` set the other :class:`PipelineConfig` fields and override the plan's
     schedule, micro-batches and checkpoint mode. With ``num_layers`` (the model's), a
-    plan for another model is refused, naming both counts.
+    plan for another model is refused, naming both counts; with ``model`` (the model's
+    identity, :func:`pipetrain.plan.profiler.identify_model`), a plan whose profile was
+    taken of another model is refused, naming both models.
 
     Example:
         >>> from pipetrain.plan import PlanStage
@@ -82,6 +84,13 @@ def config_from_plan(plan: Plan | str | os.PathLike[str], *, num_layers: int | N
             f"{plan.profile.get('source') or 'unknown'}, {plan.profile.get('num_nodes', '?')} "
             f"nodes) but the model has {num_layers} layers; fix: profile this model and plan "
             "again (pipetrain plan --profile ...)"
+        )
+    profiled = plan.profile.get("model") or {}
+    if model and profiled.get("digest") and profiled["digest"] != model.get("digest"):
+        raise ValueError(
+            f"{source} was made from a profile of another model: it plans "
+            f"{profiled.get('summary', '?')}, but this run trains {model.get('summary', '?')}; "
+            "fix: profile this model and plan again (pipetrain profile, then pipetrain plan)"
         )
     replicas = tuple(stage.replicas for stage in plan.stages)
     chosen: dict[str, Any] = {"num_stages": len(balance), "balance": balance}

@@ -132,6 +132,7 @@ def profile_identity(profile: Profile) -> dict[str, Any]:
         "is_sequence": profile.is_sequence,
         "batch_size": profile.batch_size,
         "digest": f"sha256:{digest}",
+        **({"model": dict(profile.model)} if profile.model else {}),
     }
 
 

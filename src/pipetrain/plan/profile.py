@@ -26,13 +26,15 @@ This module is pure Python (no torch), like the schedule package.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["PROFILE_FORMAT", "LayerProfile", "Profile"]
+__all__ = ["PROFILE_FORMAT", "LayerProfile", "Profile", "model_identity"]
 
 PROFILE_FORMAT = "pipetrain-profile"
 """The ``format`` field of a profile file."""
@@ -139,6 +141,9 @@ class Profile:
     """The optimizer ``optimizer_bytes`` is for (``"adamw"``, ``"sgd"``...)."""
     source: str = ""
     """Where the profile came from (``"pipetrain"``, ``"pipedream graph.txt"``)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """The model the profile describes (:func:`model_identity`: a digest of its layers'
+    kinds and parameter shapes, and a summary to show); empty when unknown."""
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -211,3 +216,41 @@ class Profile:
         """Read a profile written by :meth:`save`."""
         with open(path, encoding="utf-8") as file:
             return Profile.from_json(file.read())
+
+
+def model_identity(layers: Sequence[tuple[str, Sequence[tuple[str, Sequence[int]]]]],
+                   *, name: str = "") -> dict[str, Any]:
+    """What identifies a model that is a sequence of layers: a digest of every layer's
+    kind and its parameters' names and shapes, and a summary a message can show.
+
+    ``layers`` holds, per layer, its kind (its class name) and its ``(parameter name,
+    shape)`` pairs; ``name`` (``"gpt"``, a file) goes into the summary only.
+
+    Example:
+        >>> a = model_identity([("Linear", [("weight", (4, 4)), ("bias", (4,))])] * 3)
+        >>> a["summary"]
+        '3 layers (3 x Linear), 60 parameters'
+        >>> a == model_identity([("Linear", [("weight", (4, 4)), ("bias", (4,))])] * 3)
+        True
+        >>> a["digest"] == model_identity([("Linear", [("weight", (4, 5))])] * 3)["digest"]
+        False
+    """
+    canonical = [[kind, [[pname, list(shape)] for pname, shape in params]] for kind, params in layers]
+    digest = hashlib.sha256(json.dumps(canonical, separators=(",", ":")).encode()).hexdigest()
+    count = sum(_numel(shape) for _, params in layers for _, shape in params)
+    kinds = Counter(kind for kind, _ in layers)
+    runs: list[str] = []
+    for kind, _ in layers:
+        shown = f"{kinds[kind]} x {kind}" if kinds[kind] > 1 else kind
+        if not runs or runs[-1] != shown:
+            runs.append(shown)
+    parts = ", ".join(dict.fromkeys(runs))
+    summary = f"{len(layers)} layers ({parts}), {count:,} parameters"
+    return {"digest": f"sha256:{digest[:16]}", "summary": f"{name}: {summary}" if name else summary}
+
+
+def _numel(shape: Sequence[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= int(size)
+    return total

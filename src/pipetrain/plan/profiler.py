@@ -102,10 +102,11 @@ from pipetrain.plan.memory import (
     storage_bytes,
     storage_key,
 )
-from pipetrain.plan.profile import LayerProfile, Profile
+from pipetrain.plan.profile import LayerProfile, Profile, model_identity
 from pipetrain.plan.profiler_inputs import LayerSource, check_settings, layer_sources
 
-__all__ = ["TIME_DIGITS", "LayerSource", "profile_model"]
+__all__ = ["TIME_DIGITS", "LayerSignature", "LayerSource", "identify_model", "layer_signature",
+           "profile_model"]
 
 _logger = logging.getLogger(__name__)
 
@@ -232,9 +233,11 @@ def _times(timings: Timings, has_weights: bool, prefix: str) -> dict[str, float]
 
 def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any,
                    input_counted: Sequence[bool], settings: _Settings, *, last: bool,
-                   ) -> tuple[LayerProfile, _Memory, Any]:
-    """Build, measure and free one layer; its profile, memory pass and micro-batch output."""
+                   ) -> tuple[LayerProfile, _Memory, Any, LayerSignature]:
+    """Build, measure and free one layer; its profile, memory pass, micro-batch output and
+    signature."""
     layer = _build(index, source, settings)
+    signature = layer_signature(layer)
     name = _description(layer)
     loss_fn = settings.loss_fn if last else None
     memory = _measure_memory(index, name, layer, value, input_counted, settings, loss_fn)
@@ -272,7 +275,42 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
         **times,
     )
     _logger.debug("profiled layer %d: %s", index, record)
-    return record, memory, micro_output
+    return record, memory, micro_output, signature
+
+
+LayerSignature = tuple[str, list[tuple[str, tuple[int, ...]]]]
+"""A layer's kind (class name) and its parameters' names and shapes."""
+
+
+def layer_signature(layer: nn.Module) -> LayerSignature:
+    """What :func:`~pipetrain.plan.profile.model_identity` takes of one layer.
+
+    Example:
+        >>> layer_signature(nn.Linear(3, 2))
+        ('Linear', [('weight', (2, 3)), ('bias', (2,))])
+    """
+    kind = type(layer).__name__
+    if isinstance(layer, nn.Sequential):
+        kind += f"({', '.join(type(child).__name__ for child in layer)})"
+    return kind, [(name, tuple(p.shape)) for name, p in layer.named_parameters()]
+
+
+def identify_model(layers: nn.Sequential | Iterable[LayerSource], *, name: str = "") -> dict[str, Any]:
+    """The identity of a sequential model (:func:`~pipetrain.plan.profile.model_identity`),
+    each factory's layer built on the meta device (no memory, no weights).
+
+    Example:
+        >>> identify_model([lambda: nn.Linear(3, 2)] * 2)["summary"]
+        '2 layers (2 x Linear), 16 parameters'
+    """
+    signatures = []
+    for source in layer_sources(layers):
+        if isinstance(source, nn.Module):
+            signatures.append(layer_signature(source))
+            continue
+        with torch.device("meta"):
+            signatures.append(layer_signature(source()))
+    return model_identity(signatures, name=name)
 
 
 def profile_model(
@@ -334,15 +372,17 @@ def profile_model(
     )
     _logger.info("profiling %d layers on %s at batch size %d", len(sources), device, size)
     records: list[LayerProfile] = []
+    signatures: list[LayerSignature] = []
     first_dtype = dtype
     counted: Sequence[bool] = [False] * len(list(iter_tensors(full)))
     forked = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
     with torch.enable_grad(), torch.random.fork_rng(devices=forked):
         for index, source in enumerate(sources):
-            record, memory, micro = _profile_layer(index, source, full, micro, counted,
-                                                   settings, last=index == len(sources) - 1)
+            record, memory, micro, signature = _profile_layer(
+                index, source, full, micro, counted, settings, last=index == len(sources) - 1)
             records.append(record)
+            signatures.append(signature)
             full, counted = memory.output, memory.output_counted
             first_dtype = first_dtype or memory.dtype
     return Profile(
@@ -354,6 +394,7 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=_optimizer_name(optimizer),
         source="pipetrain",
+        model=model_identity(signatures),
         metadata={"warmup": warmup, "repetitions": repetitions, "time_digits": TIME_DIGITS,
                   **({"device_name": torch.cuda.get_device_name(device)}
                      if device.type == "cuda" else {})},
