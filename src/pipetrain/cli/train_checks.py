@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipetrain.cli.run_folder import read_json, resume_source
+from pipetrain.cli.train_inputs import corpus_problem, hf_problem, out_problem
 from pipetrain.cli.train_layout import layout_problems
 from pipetrain.cli.train_options import (
     MODEL_OPTIONS,
@@ -138,11 +139,14 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
             f"micro-batch needs one); fix: --batch-size {args.microbatches * args.replicas} or "
             f"--microbatches {max(1, per_replica)}"
         )
+    corpus_error = None
     if args.data is not None:
         try:
             load_corpus(args.data, max_bytes=1 << 16)
         except (OSError, ValueError) as error:
-            problems.append(f"--data {args.data!r}: {error}")
+            corpus_error = f"--data {args.data!r}: {error}"
+    short = corpus_problem(args, context_fixed=args.resume is not None)
+    problems += [p for p in (corpus_error or short, hf_problem(args)) if p is not None]
     return problems
 
 
@@ -202,4 +206,7 @@ def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
                 "asynchronous schedules train the GPT with untied embeddings, the synchronous "
                 f"ones with tied embeddings; fix: leave out --schedule, or --schedule {old}")
     problems.extend(_option_problems(args))
+    folder = out_problem(args.out, resume=args.resume)
+    if folder is not None:
+        problems.append(folder)
     return resume, problems
