@@ -16,14 +16,13 @@ from typing import Any
 
 from pipetrain.cli.run_folder import read_json, resume_source
 from pipetrain.cli.train_inputs import corpus_problem, hf_problem, out_problem
-from pipetrain.cli.train_layout import layout_problems
+from pipetrain.cli.train_layout import layout_problems, stage_count_problem, virtual_needed
 from pipetrain.cli.train_options import (
     MODEL_OPTIONS,
     RUN_OPTIONS,
     asynchronous,
     flag,
     pipeline_fields,
-    stages_per_rank,
 )
 
 __all__ = ["Resume", "prepare"]
@@ -114,23 +113,23 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     from pipetrain.data import load_corpus
 
     problems = layout_problems(args) + _async_problems(args)
+    too_many = stage_count_problem(args)
     if args.plan is None:
-        problems += config_problems(pipeline_fields(args), spell=flag)
+        found = config_problems(pipeline_fields(args), spell=flag)
+        if too_many is not None and "(not --virtual" in too_many:
+            # the stage count's line names the stages per rank the schedule needs, with a
+            # fix for both: the configuration's line about --virtual alone is left out
+            fixed = dict(pipeline_fields(args), stages_per_rank=virtual_needed(args))
+            found = [p for p in found if p in config_problems(fixed, spell=flag)]
+        problems += found
     if args.width % args.heads:
         fitting = max(h for h in range(1, args.heads + 1) if args.width % h == 0)
         problems.append(
             f"--width {args.width} is not divisible by --heads {args.heads}; fix: --heads {fitting} "
             f"or --width {-(-args.width // args.heads) * args.heads}"
         )
-    virtual = stages_per_rank(args)
-    num_layers = args.layers + 2
-    stages = args.stages * virtual
-    if stages > num_layers and args.plan is None:
-        problems.append(
-            f"more stages than layers: {stages} stages for {num_layers} layers (embedding, "
-            f"{args.layers} blocks, head); fix: --stages {max(1, num_layers // virtual)} "
-            f"or --layers {stages - 2}"
-        )
+    if too_many is not None:
+        problems.append(too_many)
     per_replica = args.batch_size // args.replicas
     if per_replica < args.microbatches and args.plan is None:
         problems.append(

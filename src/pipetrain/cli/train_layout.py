@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from pipetrain.cli.train_options import flag, pipeline_fields, stages_per_rank
 
-__all__ = ["AUTO", "layout_problems", "num_workers", "parse_balance", "run_config"]
+__all__ = [
+    "AUTO",
+    "even_balance",
+    "layout_problems",
+    "num_workers",
+    "parse_balance",
+    "run_config",
+    "stage_count_problem",
+    "virtual_needed",
+]
 
 AUTO = "auto"
 _PLAN_SETS = ("stages", "replicas", "virtual")
@@ -31,21 +41,134 @@ def parse_balance(text: str) -> list[int]:
     """``"3,1,2"`` -> ``[3, 1, 2]``.
 
     Raises:
-        ValueError: not a comma-separated list of positive integers.
+        ValueError: not a comma-separated list of positive integers (the message names
+            the entries that are not).
 
     Example:
         >>> parse_balance("3, 1,2")
         [3, 1, 2]
+        >>> parse_balance("0,4")
+        Traceback (most recent call last):
+        ...
+        ValueError: --balance '0,4' must be 'auto' or layers per stage, each at least 1: stage 0 gets 0
     """
-    try:
-        balance = [int(part) for part in text.split(",")]
-    except ValueError:
-        balance = []
-    if not balance or any(n < 1 for n in balance):
-        raise ValueError(
-            f"--balance {text!r} must be 'auto' or layers per stage, e.g. --balance 3,3"
-        )
+    parts = [part.strip() for part in text.split(",")]
+    bad = [part for part in parts if not re.fullmatch(r"[+-]?\d+", part)]
+    if bad:
+        raise ValueError(f"--balance {text!r} must be 'auto' or layers per stage, whole numbers "
+                         f"separated by commas: {', '.join(repr(part) for part in bad)} "
+                         f"{'is' if len(bad) == 1 else 'are'} not")
+    balance = [int(part) for part in parts]
+    empty = [(j, n) for j, n in enumerate(balance) if n < 1]
+    if empty:
+        raise ValueError(f"--balance {text!r} must be 'auto' or layers per stage, each at least "
+                         f"1: {', '.join(f'stage {j} gets {n}' for j, n in empty)}")
     return balance
+
+
+def even_balance(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per stage as even as possible (the first stages take one more).
+
+    Example:
+        >>> even_balance(6, 2), even_balance(7, 3)
+        ([3, 3], [3, 2, 2])
+    """
+    share, extra = divmod(num_layers, num_stages)
+    return [share + (j < extra) for j in range(num_stages)]
+
+
+def _balance_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with ``--balance N,N,...`` for this run, with a fix that fits it."""
+    num_layers = args.layers + 2
+    virtual = virtual_needed(args)  # a wrong --virtual is a problem of its own
+    stages = args.stages * virtual
+    model = f"{num_layers} layers (embedding, {args.layers} blocks, head)"
+    example = ""
+    if stages <= num_layers:
+        example = f"--balance {','.join(map(str, even_balance(num_layers, stages)))}"
+    try:
+        balance = parse_balance(args.balance)
+    except ValueError as error:
+        fix = (f"{example} ({stages} stages of the run's {num_layers} layers: embedding, "
+               f"{args.layers} blocks, head) or --balance auto" if example else "--balance auto")
+        return [f"{error}; fix: {fix}"]
+    if len(balance) == stages and sum(balance) == num_layers:
+        return []
+    fixes = []
+    if example:
+        fixes.append(f"{stages} numbers adding up to {num_layers}, e.g. {example}")
+    if sum(balance) == num_layers and len(balance) % virtual == 0:
+        fixes.append(flag("num_stages", len(balance) // virtual)
+                     + (f" (with --virtual {virtual}: {len(balance)} stages)" if virtual > 1 else ""))
+    elif len(balance) == stages and sum(balance) >= 3 and args.resume is None:
+        fixes.append(f"--layers {sum(balance) - 2} (a model of {sum(balance)} layers)")
+    return [
+        f"--balance {args.balance} gives {len(balance)} stage{'s' * (len(balance) != 1)} of "
+        f"{sum(balance)} layers, but the "
+        f"run has {stages} stages and {model}; fix: {', or '.join(fixes) or '--balance auto'}"
+    ]
+
+
+def _virtual_range(args: argparse.Namespace) -> tuple[int, int | None]:
+    """The stages per rank ``--schedule`` takes (least, most; None: no most)."""
+    from pipetrain.schedule import canonical_name, stages_per_rank_range
+
+    try:
+        return stages_per_rank_range(canonical_name(args.schedule))
+    except ValueError:  # a schedule file or an unknown name: --virtual as given
+        return 1, None
+
+
+def virtual_needed(args: argparse.Namespace) -> int:
+    """``--virtual`` (or its default), or the nearest count ``--schedule`` takes.
+
+    Example:
+        >>> virtual_needed(argparse.Namespace(schedule="zb-v", virtual=3))
+        2
+    """
+    given = stages_per_rank(args)
+    least, most = _virtual_range(args)
+    return max(given, least) if most is None else min(max(given, least), most)
+
+
+def stage_count_problem(args: argparse.Namespace) -> str | None:
+    """More model stages (``--stages`` x stages per rank) than the model has layers, with
+    fixes the run can take: stages per rank counted as the schedule needs them (a wrong
+    ``--virtual`` is its own problem, named by the configuration's check), and each fix a
+    layout the schedule runs.
+
+    Example:
+        >>> args = argparse.Namespace(layers=2, stages=3, virtual=3, schedule="zb-v",
+        ...                           resume=None, plan=None)
+        >>> print(stage_count_problem(args))
+        more stages than layers: --schedule zb-v runs 2 stages per rank (not --virtual 3), so --stages 3 makes 6 stages for 4 layers (embedding, 2 blocks, head); fix: --virtual 2 --stages 2, or --virtual 2 --layers 4
+    """
+    if args.plan is not None:
+        return None
+    num_layers = args.layers + 2
+    given = stages_per_rank(args)
+    least, most = _virtual_range(args)
+    virtual = virtual_needed(args)
+    stages = args.stages * virtual
+    if stages <= num_layers:
+        return None
+    model = f"{num_layers} layers (embedding, {args.layers} blocks, head)"
+    fixed = f"--virtual {virtual} " if virtual != given else ""
+    fixes = []
+    if num_layers // virtual >= 1:
+        fixes.append(f"{fixed}--stages {num_layers // virtual}")
+    if most is None and virtual > least and num_layers // args.stages >= least:
+        fixes.append(f"--virtual {num_layers // args.stages}")
+    if args.resume is None:
+        fixes.append(f"{fixed}--layers {stages - 2}")
+    if virtual != given:
+        why = (f"--schedule {args.schedule} runs {virtual} stages per rank (not --virtual "
+               f"{given}), so --stages {args.stages} makes {stages} stages")
+    else:
+        why = (f"{stages} stages" if virtual == 1 else
+               f"--stages {args.stages} x --virtual {virtual} = {stages} stages")
+    return (f"more stages than layers: {why} for {model}; fix: "
+            f"{', or '.join(fixes) or 'a new run with more --layers'}")
 
 
 def _plan(args: argparse.Namespace) -> Any:
@@ -92,18 +215,7 @@ def layout_problems(args: argparse.Namespace) -> list[str]:
             )
         return problems
     if args.balance is not None and args.balance != AUTO:
-        try:
-            balance = parse_balance(args.balance)
-        except ValueError as error:
-            return [str(error)]
-        stages = args.stages * stages_per_rank(args)
-        if len(balance) != stages or sum(balance) != num_layers:
-            problems.append(
-                f"--balance {args.balance} gives {len(balance)} stages of {sum(balance)} layers, "
-                f"but the run has {stages} stages and {num_layers} layers (embedding, "
-                f"{args.layers} blocks, head); fix: {len(balance)} numbers adding up to "
-                f"{num_layers}, or {flag('num_stages', len(balance))}"
-            )
+        problems += _balance_problems(args)
     return problems
 
 
