@@ -19,7 +19,10 @@ MODULES = [
     "pipetrain.frontend.names",
     "pipetrain.frontend.pipelines",
     "pipetrain.frontend.planning",
+    "pipetrain.frontend.recapture",
+    "pipetrain.frontend.sizes",
     "pipetrain.frontend.source",
+    "pipetrain.frontend.unit_module",
     "pipetrain.frontend.units",
     "pipetrain.cli.hf_models",
 ]

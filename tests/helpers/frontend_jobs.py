@@ -194,3 +194,104 @@ def resume_job(ctx: Any, kind: str, path: str, steps: range, save: bool) -> dict
               "step": pipe.step}
     pipe.close()
     return result
+
+
+# -- encoders (BERT, RoBERTa, DistilBERT): batch-dependent buffers, uneven micro-batches ----
+
+ENCODER_VOCAB = 64
+ENCODER_SPLITS = {"bert-mlm": ["bert.encoder.layer.1"], "bert-cls": ["bert.encoder.layer.1"],
+                  "roberta-mlm": ["roberta.encoder.layer.1"],
+                  "distilbert-mlm": ["distilbert.transformer.layer.1"]}
+"""The split point of each encoder (2 stages)."""
+NUM_LABELS = 3
+
+
+def encoder_model(kind: str, *, seed: int = 0) -> nn.Module:
+    """A tiny encoder (2 layers of width 32, dropout off) from a config: ``bert-mlm``
+    (BertForMaskedLM), ``bert-cls`` (BertForSequenceClassification, 3 labels),
+    ``roberta-mlm`` or ``distilbert-mlm``."""
+    import transformers as hf
+
+    torch.manual_seed(seed)
+    sizes = {"vocab_size": ENCODER_VOCAB, "max_position_embeddings": 64}
+    bert = {**sizes, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 64, "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0}
+    if kind == "bert-mlm":
+        return hf.BertForMaskedLM(hf.BertConfig(**bert))
+    if kind == "bert-cls":
+        return hf.BertForSequenceClassification(hf.BertConfig(**bert, num_labels=NUM_LABELS))
+    if kind == "roberta-mlm":
+        return hf.RobertaForMaskedLM(hf.RobertaConfig(**bert, pad_token_id=1))
+    assert kind == "distilbert-mlm", kind
+    return hf.DistilBertForMaskedLM(hf.DistilBertConfig(
+        **sizes, dim=32, n_layers=2, n_heads=2, hidden_dim=64, dropout=0.0,
+        attention_dropout=0.0))
+
+
+def encoder_batches(kind: str, steps: int, *, masked: bool = False,
+                    sizes: tuple[int, ...] = (8, 7, 5)) -> list[tuple[Any, torch.Tensor]]:
+    """Batches of ``sizes[step]`` rows (8, then 7 and 5: uneven micro-batches, a last one
+    of 1 row) and 10, 7, 12 tokens; inputs as a tensor, or with ``masked`` a dict with an
+    attention mask (the last 3 tokens of every other row padded). Targets: a token per
+    position (masked LM) or a label per row (classification)."""
+    out: list[tuple[Any, torch.Tensor]] = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(700 + step)
+        rows, length = sizes[step % len(sizes)], (10, 7, 12)[step % 3]
+        ids = torch.randint(2, ENCODER_VOCAB, (rows, length), generator=g)
+        target = (torch.randint(0, NUM_LABELS, (rows,), generator=g) if kind == "bert-cls"
+                  else torch.randint(0, ENCODER_VOCAB, (rows, length), generator=g))
+        if not masked:
+            out.append((ids, target))
+            continue
+        mask = torch.ones(rows, length, dtype=torch.long)
+        mask[::2, -3:] = 0
+        out.append(({"input_ids": ids, "attention_mask": mask}, target))
+    return out
+
+
+def encoder_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits (per token for a masked LM, per row for a classifier)."""
+    logits = output.logits
+    return F.cross_entropy(logits.flatten(0, -2) if target.dim() > 1 else logits, target.flatten())
+
+
+def encoder_reference(kind: str, steps: int, *, masked: bool = False) -> tuple[Params, list[float]]:
+    """Plain single-process training of :func:`encoder_model` on :func:`encoder_batches`:
+    the state dict after ``steps`` steps and the losses."""
+    model = encoder_model(kind)
+    opt = sgd(model.parameters())
+    losses = []
+    for x, y in encoder_batches(kind, steps, masked=masked):
+        loss = encoder_loss(model(**x) if isinstance(x, dict) else model(x), y)
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def encoder_parity_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Train each configuration (``kind``, ``masked``, and PipelineConfig fields) for
+    ``steps`` steps cut at :data:`ENCODER_SPLITS`; per configuration: the losses, this
+    rank's state dict, and how many captures beyond the example's each unit's model made."""
+    from pipetrain.api.pipeline import Pipeline
+
+    results = []
+    for entry in configs:
+        fields = dict(entry)
+        kind, masked = fields.pop("kind"), bool(fields.pop("masked", False))
+        batches = encoder_batches(kind, steps, masked=masked)
+        first = batches[0][0]
+        pipe = Pipeline(encoder_model(kind), example_inputs=None if masked else (first,),
+                        example_kwargs=first if masked else None,
+                        split_points=ENCODER_SPLITS[kind], loss_fn=encoder_loss,
+                        optimizer=sgd, config=PipelineConfig(**fields), context=ctx)
+        losses = [pipe.train_step(x, y) for x, y in batches]
+        assert pipe.captured is not None
+        results.append({"losses": losses,
+                        "state": {k: v.clone() for k, v in pipe.state_dict().items()},
+                        "captures": sorted(pipe.captured.plans)})
+        pipe.close()
+    return results

@@ -6,7 +6,14 @@ in training mode, with every dim of every input tensor marked ``Dim.AUTO``: dims
 model lets vary (batch, sequence length) stay symbolic, so one graph serves every
 micro-batch size and sequence length. A model whose code pins a dim is captured with
 it static; a model that cannot be captured with dynamic dims at all is captured with
-static shapes (logged).
+static shapes (logged). Which input sizes the graph serves is recorded
+(:class:`~pipetrain.frontend.sizes.InputSizes`); other sizes get their own capture.
+
+Only the inputs that hold tensors go through torch.export, as keyword arguments of a
+``forward`` that takes exactly them: the other inputs (``use_cache=False``, ``None``)
+are bound around the model's own ``forward`` for the capture. torch.export (2.13) cannot
+match ``dynamic_shapes`` to inputs that land in a ``**kwargs`` parameter (every Hugging
+Face model's ``forward`` has one) and would otherwise fall back to static shapes.
 
 The exported program is turned into a plain :class:`torch.fx.Graph`: parameters and
 buffers become ``get_attr`` nodes under the model's own names (``transformer.h.0.attn.
@@ -18,8 +25,10 @@ and the output node returns the flat leaves of the model's output
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +39,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from pipetrain.frontend.errors import CaptureError, explain_capture_error
 from pipetrain.frontend.inputs import InputBinding, dynamic_dims, leaves_with_paths
+from pipetrain.frontend.sizes import InputSizes
 from pipetrain.nested import describe_value
 
 __all__ = ["CONSTANT_PREFIX", "CapturedGraph", "capture"]
@@ -48,15 +58,47 @@ class CapturedGraph:
     binding: InputBinding
     out_spec: Any
     """torch.export's tree spec of the model's output (``out_spec.unflatten(leaves)``)."""
+    sizes: InputSizes
+    """The sizes of the tensor inputs that the graph serves."""
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     """Lifted constants by attribute name."""
     dynamic: bool = True
     """Whether the input dims were captured dynamic (else every shape is fixed)."""
 
 
+def _holds_tensor(value: Any) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for _, leaf in leaves_with_paths(value))
+
+
+@contextmanager
+def _tensor_inputs_only(model: nn.Module, names: list[str],
+                        constants: dict[str, Any]) -> Iterator[None]:
+    """``model.forward`` taking exactly the keyword inputs ``names``, with ``constants``
+    bound, for as long as the context lasts (an attribute of the instance, then removed)."""
+    original = model.forward
+    saved = model.__dict__.get("forward")
+
+    def forward(**inputs: Any) -> Any:
+        return original(**constants, **inputs)
+
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names])
+    object.__setattr__(model, "forward", forward)
+    try:
+        yield
+    finally:
+        if saved is None:
+            object.__delattr__(model, "forward")
+        else:
+            object.__setattr__(model, "forward", saved)
+
+
 def _export(model: nn.Module, named: dict[str, Any], *, dynamic: bool) -> ExportedProgram:
-    shapes = dynamic_dims(named) if dynamic else None
-    return torch.export.export(model, (), dict(named), strict=False, dynamic_shapes=shapes)
+    inputs = {name: value for name, value in named.items() if _holds_tensor(value)}
+    constants = {name: value for name, value in named.items() if name not in inputs}
+    shapes = dynamic_dims(inputs) if dynamic else None
+    with _tensor_inputs_only(model, list(inputs), constants):
+        return torch.export.export(model, (), inputs, strict=False, dynamic_shapes=shapes)
 
 
 def _examples(named: Mapping[str, Any]) -> str:
@@ -109,7 +151,8 @@ def capture(model: nn.Module, named: dict[str, Any]) -> CapturedGraph:
     env: dict[fx.Node, Any] = {}
     constants: dict[str, torch.Tensor] = {}
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-    user_leaves = [leaf for _, leaf in leaves_with_paths(dict(named))]
+    user_leaves = [leaf for name, value in named.items() if _holds_tensor(value)
+                   for _, leaf in leaves_with_paths(value, (name,))]
     user_index = 0
     for node, spec in zip(placeholders, signature.input_specs):
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
@@ -149,4 +192,5 @@ def capture(model: nn.Module, named: dict[str, Any]) -> CapturedGraph:
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(outputs))
     graph.lint()
-    return CapturedGraph(graph, binding, program.call_spec.out_spec, constants, dynamic)
+    sizes = InputSizes.of(program, labels=binding.labels)
+    return CapturedGraph(graph, binding, program.call_spec.out_spec, sizes, constants, dynamic)

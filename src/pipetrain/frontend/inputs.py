@@ -115,6 +115,11 @@ class InputBinding:
     examples: tuple[str, ...]
     """Each slot's example, as ``(2, 16) int64`` (for error messages)."""
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Each slot as the user would write it (``input_ids``, ``pair[1]``)."""
+        return tuple(_show(path) for path in self.slots)
+
     @staticmethod
     def of(model: nn.Module, named: Mapping[str, Any]) -> InputBinding:
         """The binding of the inputs ``named`` (from :func:`bind_inputs`)."""
@@ -167,10 +172,12 @@ class InputBinding:
 
 def dynamic_dims(named: Mapping[str, Any]) -> dict[str, Any]:
     """torch.export's ``dynamic_shapes`` for ``named``: every dim of every tensor is
-    ``Dim.AUTO`` (export keeps dynamic what the model lets vary, e.g. batch and sequence)."""
+    ``Dim.AUTO`` (export keeps dynamic what the model lets vary, e.g. batch and sequence),
+    but dims of size 0 or 1, which export fixes anyway, are ``Dim.STATIC``."""
     def spec(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return {d: torch.export.Dim.AUTO for d in range(value.dim())}
+            return {d: torch.export.Dim.AUTO if size > 1 else torch.export.Dim.STATIC
+                    for d, size in enumerate(value.shape)}
         if isinstance(value, (tuple, list)):
             return type(value)(spec(v) for v in value)
         if isinstance(value, dict):

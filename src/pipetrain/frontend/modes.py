@@ -3,7 +3,7 @@
 A graph captured in training mode holds ``dropout(x, p, train=True)``, ``batch_norm(...,
 training=True)`` and ``scaled_dot_product_attention(..., dropout_p=p)`` with those flags
 as constants, and the in-place updates of buffers (``num_batches_tracked += 1``) as
-plain operations. :func:`follow_training_mode` replaces each such call by a
+plain operations. :func:`route_mode_switches` replaces each such call by a
 :class:`ModeSwitch` submodule, so that ``.train()`` / ``.eval()`` of the stage turn them
 on and off as they would in the model, and a recomputed micro-batch (re-materialization)
 does not update running statistics a second time.
@@ -23,7 +23,7 @@ from torch import fx, nn
 
 from pipetrain.checkpoint import is_recomputing
 
-__all__ = ["ModeSwitch", "follow_training_mode", "retarget_devices"]
+__all__ = ["ModeSwitch", "retarget_devices", "route_mode_switches"]
 
 _aten = torch.ops.aten
 _DROPOUTS = {_aten.dropout.default, _aten.feature_dropout.default,
@@ -88,27 +88,45 @@ def _is_inplace(target: Any) -> bool:
     return len(name) >= 2 and name[1].endswith("_") and not name[1].startswith("_")
 
 
-def follow_training_mode(gm: fx.GraphModule, buffers: Collection[str]) -> None:
-    """Route ``gm``'s mode-dependent operations through :class:`ModeSwitch` submodules
-    (in place). ``buffers`` are the attribute names that are buffers (their in-place
-    updates are switched)."""
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function":
+def _switch_of(node: fx.Node, buffers: Collection[str]) -> tuple[Any, ...] | None:
+    """The :class:`ModeSwitch` arguments for ``node``, or ``None`` if it needs none."""
+    if node.op != "call_function":
+        return None
+    if node.target in _SWITCHES:
+        return (node.target, *_SWITCHES[node.target])
+    if (_is_inplace(node.target) and node.args and isinstance(node.args[0], fx.Node)
+            and node.args[0].op == "get_attr" and node.args[0].target in buffers):
+        return (node.target, "buffer_update", 0, "self", None)
+    return None
+
+
+def route_mode_switches(graph: fx.Graph, buffers: Collection[str], owner: nn.Module) -> None:
+    """Route ``graph``'s mode-dependent operations through :class:`ModeSwitch`
+    submodules of ``owner`` (in place; operations that switch alike share one submodule,
+    which takes ``owner``'s mode). ``buffers`` are the attribute names that are buffers
+    (their in-place updates are switched).
+
+    Example:
+        >>> graph = fx.Graph()
+        >>> x = graph.placeholder("x")
+        >>> _ = graph.output(graph.call_function(torch.ops.aten.dropout.default, (x, 0.5, True)))
+        >>> owner = nn.Module().eval()
+        >>> route_mode_switches(graph, (), owner)
+        >>> [(name, m.training) for name, m in owner.named_children()]
+        [('pipetrain_mode_0', False)]
+    """
+    existing = {(m.op, m.kind, m.index, m.name, m.off): name
+                for name, m in owner.named_children() if isinstance(m, ModeSwitch)}
+    for node in list(graph.nodes):
+        arguments = _switch_of(node, buffers)
+        if arguments is None:
             continue
-        switch: ModeSwitch | None = None
-        if node.target in _SWITCHES:
-            switch = ModeSwitch(node.target, *_SWITCHES[node.target])
-        elif (_is_inplace(node.target) and node.args and isinstance(node.args[0], fx.Node)
-              and node.args[0].op == "get_attr" and node.args[0].target in buffers):
-            switch = ModeSwitch(node.target, "buffer_update", 0, "self", None)
-        if switch is None:
-            continue
-        name = f"pipetrain_mode_{count}"
-        count += 1
-        gm.add_submodule(name, switch)
+        name = existing.get(arguments)
+        if name is None:
+            name = f"pipetrain_mode_{len(existing)}"
+            owner.add_module(name, ModeSwitch(*arguments).train(owner.training))
+            existing[arguments] = name
         node.op, node.target = "call_module", name
-    gm.recompile()
 
 
 def retarget_devices(graph: fx.Graph, device: torch.device, *,

@@ -14,22 +14,29 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import torch
 from torch import nn
 
-from pipetrain.frontend.capture import CONSTANT_PREFIX, capture
+from pipetrain.frontend.capture import CONSTANT_PREFIX, CapturedGraph, capture
 from pipetrain.frontend.cuts import module_starts, split_positions, unit_starts
 from pipetrain.frontend.hf import training_kwargs
 from pipetrain.frontend.inputs import bind_inputs, leaves_with_paths
 from pipetrain.frontend.materialize import Materializer, SafetensorsWeights, tied_aliases
 from pipetrain.frontend.names import stage_container
-from pipetrain.frontend.units import UnitPlan, build_unit, plan_units, register_tensor
+from pipetrain.frontend.recapture import capture_at, matched_to, meta_skeleton
+from pipetrain.frontend.sizes import Sizes, sizes_of
+from pipetrain.frontend.unit_module import CapturedUnit
+from pipetrain.frontend.units import UnitPlan, plan_units, register_tensor
 
 __all__ = ["CapturedModel", "Tie"]
+
+logger = logging.getLogger(__name__)
 
 Tie = tuple[tuple[int, str], ...]
 """Tied parameters as ``((unit, name), ...)`` (the ``Tie`` of ``Pipeline``)."""
@@ -63,9 +70,17 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
 
     def __init__(self, model: nn.Module, plan: UnitPlan, *, sample: dict[str, Any],
                  split_balance: list[int] | None,
-                 weights: SafetensorsWeights | None = None) -> None:
+                 weights: SafetensorsWeights | None = None,
+                 split_points: Sequence[str] | None = None, num_stages: int | None = None) -> None:
         self.model = model
         self.plan = plan
+        """The units of the example's capture."""
+        self.split_points = None if split_points is None else list(split_points)
+        self.num_stages = num_stages
+        self.plans: dict[Sizes, UnitPlan] = {}
+        """The units of the captures made for other sizes, by the sizes they were made at."""
+        self._lock = threading.Lock()
+        self._skeleton: nn.Module | None = None
         self.sample = sample
         """The example inputs by name (what the planner profiles on)."""
         self.split_balance = split_balance
@@ -111,12 +126,7 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
                 "example_inputs=(batch,) with a real batch (2 or more samples)"
             )
         captured = capture(model, named)
-        starts = module_starts(captured.graph)
-        positions: list[int] = []
-        if split_points is not None:
-            positions = split_positions(model, list(split_points), starts,
-                                        num_stages=num_stages or len(split_points) + 1)
-        units = unit_starts(model, starts, positions)
+        units, positions = CapturedModel._cuts(model, captured, split_points, num_stages)
         balance = None
         if split_points is not None:
             bounds = [0, *positions, len(captured.graph.nodes)]
@@ -130,7 +140,66 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
             )
         reader = SafetensorsWeights(weights, tied_aliases(model)) if weights is not None else None
         return CapturedModel(model, plan_units(captured, units), sample=named,
-                             split_balance=balance, weights=reader)
+                             split_balance=balance, weights=reader, split_points=split_points,
+                             num_stages=num_stages)
+
+    @staticmethod
+    def _cuts(model: nn.Module, captured: CapturedGraph, split_points: Sequence[str] | None,
+              num_stages: int | None) -> tuple[list[int], list[int]]:
+        """Where the units begin, and where the split points begin."""
+        starts = module_starts(captured.graph)
+        positions: list[int] = []
+        if split_points is not None:
+            positions = split_positions(model, list(split_points), starts,
+                                        num_stages=num_stages or len(split_points) + 1)
+        return unit_starts(model, starts, positions), positions
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CapturedModel:
+        """The captured model itself: a copied unit (the planner times copies) shares it."""
+        return self
+
+    # -- captures for other sizes ---------------------------------------------------------
+    def choose(self, tensors: Sequence[torch.Tensor]) -> Sizes | None:
+        """The sizes of the capture that serves a batch of ``tensors``: ``None`` (the
+        example's) if it does, else one made earlier that does, else the batch's own
+        (captured by :meth:`plan_for`)."""
+        sizes = sizes_of(tensors)
+        reason = self.plan.captured.sizes.why_not(sizes)
+        if reason is None:
+            return None
+        with self._lock:
+            made = list(self.plans.items())
+        for at, plan in made:
+            if plan.captured.sizes.why_not(sizes) is None:
+                return at
+        logger.info("%s: the graph captured on the example does not serve a batch of %s (%s); "
+                    "capturing the model for these sizes", type(self.model).__name__,
+                    sizes, reason)
+        return sizes
+
+    def plan_for(self, sizes: Sizes | None) -> UnitPlan:
+        """The units of the capture made at ``sizes`` (``None``: the example's), captured
+        the first time they are asked for.
+
+        Raises:
+            CaptureError: the model cannot be captured at ``sizes``, or its graph there is
+                not cut into the same units reading the same tensors as the example's.
+        """
+        if sizes is None:
+            return self.plan
+        with self._lock:
+            if sizes not in self.plans:
+                model = self.model
+                if self.meta:  # each rank made only its own stage real: capture all on meta
+                    if self._skeleton is None:
+                        self._skeleton = meta_skeleton(self.model)
+                    model = self._skeleton
+                captured = capture_at(model, self.sample, self.plan.captured, sizes)
+                units, _ = CapturedModel._cuts(self.model, captured, self.split_points,
+                                               self.num_stages)
+                self.plans[sizes] = matched_to(plan_units(captured, units), self.plan,
+                                               model=self.model, sizes=sizes)
+            return self.plans[sizes]
 
     # -- the layer sequence ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -172,13 +241,13 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
         others = [a for n in names for a in self.aliases.get(n, ()) if a not in names]
         others += self.unused if unit == 0 else []
         state = self._state([*names, *others], device)
-
-        def extra(module: nn.Module) -> None:
-            for name in dict.fromkeys(others):
-                register_tensor(module, name, state[name], name in self.persistent)
-
-        return build_unit(self.plan, unit, state, persistent=self.persistent, device=device,
-                          captured_on=self.captured_on, extra=extra)
+        module = CapturedUnit(self, unit, num_units=len(self), binding=self.plan.captured.binding,
+                              device=device, captured_on=self.captured_on,
+                              buffers=[n for n in names if not isinstance(state[n], nn.Parameter)])
+        for name in dict.fromkeys([*names, *others]):
+            register_tensor(module, name, state[name], name in self.persistent)
+        module.prepare(None)
+        return module
 
     # -- ties, names, sizes ---------------------------------------------------------------
     def _find_ties(self) -> list[Tie]:

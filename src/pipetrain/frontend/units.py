@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +23,8 @@ from torch import fx
 
 from pipetrain.frontend.capture import CapturedGraph
 from pipetrain.frontend.cuts import compute_nodes
-from pipetrain.frontend.modes import follow_training_mode, retarget_devices
 
-__all__ = ["UnitPlan", "build_unit", "plan_units", "register_tensor"]
+__all__ = ["UnitPlan", "plan_units", "register_tensor", "unit_graph"]
 
 
 @dataclass(frozen=True)
@@ -123,16 +121,15 @@ class Rebuild:
         return self.spec.unflatten(leaves)
 
 
-def _graph_of(plan: UnitPlan, unit: int) -> fx.Graph:
+def unit_graph(plan: UnitPlan, unit: int) -> fx.Graph:
+    """Unit ``unit``'s graph: ``forward(message)`` where ``message`` is the tuple of its
+    inputs (unit 0: the model's tensor inputs, in graph order); it returns the values it
+    passes on, the last unit the model's output structure."""
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
     message = graph.placeholder("message")
-    if unit == 0:
-        values = graph.call_function(plan.captured.binding.read, (message,))
-    else:
-        values = message
     for index, value in enumerate(plan.inputs[unit]):
-        env[value] = graph.call_function(operator.getitem, (values, index))
+        env[value] = graph.call_function(operator.getitem, (message, index))
 
     def lookup(node: fx.Node) -> Any:
         if node not in env:  # an attribute read by this unit
@@ -149,26 +146,3 @@ def _graph_of(plan: UnitPlan, unit: int) -> fx.Graph:
     else:
         graph.output(tuple(env[v] for v in plan.outputs(unit)))
     return graph
-
-
-def build_unit(plan: UnitPlan, unit: int, state: Mapping[str, torch.Tensor], *,
-               persistent: Collection[str], device: torch.device,
-               captured_on: Collection[torch.device],
-               extra: Callable[[torch.nn.Module], None] | None = None) -> fx.GraphModule:
-    """Unit ``unit`` as a module ``forward(message) -> message`` holding the tensors of
-    ``state`` (its attributes) under their names; ``persistent`` names the buffers that
-    belong in a state dict. ``extra`` may register more state (unused parameters)."""
-    graph = _graph_of(plan, unit)
-    retarget_devices(graph, device, captured_on=captured_on)
-    root = torch.nn.Module()
-    for name in plan.attributes[unit]:
-        register_tensor(root, name, state[name], name in persistent)
-    module = fx.GraphModule(root, graph, class_name=f"Unit{unit}")
-    for name in plan.attributes[unit]:  # GraphModule registers buffers as persistent
-        if not isinstance(state[name], torch.nn.Parameter) and name not in persistent:
-            register_tensor(module, name, state[name], False)
-    if extra is not None:
-        extra(module)
-    buffers = {n for n in plan.attributes[unit] if not isinstance(state[n], torch.nn.Parameter)}
-    follow_training_mode(module, buffers)
-    return module
