@@ -14,6 +14,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 from pipetrain.cli.train_options import add_train_arguments
@@ -88,13 +89,30 @@ def run(args: argparse.Namespace) -> int:
     from pipetrain.cli.train_layout import num_workers
 
     argv = _argv_with_out(sys.argv[1:], args.out)
+    started = time.time()
     try:
         launch_local(num_workers(args), argv)
     except LaunchError as error:
-        return _fail([error.worker_message or str(error)], 2 if error.exitcode == 2 else 1)
+        return _fail([_failure_line(error, args, started)], 2 if error.exitcode == 2 else 1)
     except LaunchInterrupted as error:
         return _interrupted(args.out, error.signal_number)
     return 0
+
+
+def _failure_line(error: Any, args: argparse.Namespace, started: float) -> str:
+    """The worker's own message; for a worker that died without one (killed, crashed),
+    or whose peers only saw it die, which rank and stage died, what the run keeps and
+    how to continue (:mod:`pipetrain.cli.worker_death`)."""
+    from pipetrain.cli.worker_death import death_line
+
+    killed = error.killed
+    if killed is not None and (not error.worker_message or killed[0] == error.rank
+                               or f"rank {killed[0]} died" in error.worker_message):
+        rank = killed[0]
+        return death_line(args, rank=rank, exitcode=error.exitcodes[rank], started=started)
+    if not error.worker_message:
+        return death_line(args, rank=error.rank, exitcode=error.exitcode, started=started)
+    return str(error.worker_message)
 
 
 def _interrupted(out: str, signal_number: int) -> int:

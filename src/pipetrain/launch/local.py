@@ -36,12 +36,32 @@ class LaunchError(RuntimeError):
     """A worker of a local job failed; the message names its rank and exit status, or is
     the worker's own message when it left one."""
 
-    def __init__(self, message: str, *, rank: int, exitcode: int, worker_message: str) -> None:
+    def __init__(self, message: str, *, rank: int, exitcode: int, worker_message: str,
+                 exitcodes: dict[int, int] | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
         self.worker_message = worker_message
-        """The failed worker's own one-line message ('' if it left none)."""
+        """The failed worker's own one-line message ('' if it left none: it died)."""
+        self.exitcodes = dict(exitcodes) if exitcodes is not None else {rank: exitcode}
+        """Every failed worker's exit status by rank (negative: killed by that signal)."""
+
+    @property
+    def killed(self) -> tuple[int, str] | None:
+        """``(rank, signal name)`` of the first worker killed by a signal other than the
+        launcher's own stop (SIGTERM), else None.
+
+        Example:
+            >>> LaunchError("...", rank=0, exitcode=1, worker_message="x",
+            ...             exitcodes={0: 1, 1: -9}).killed
+            (1, 'SIGKILL')
+        """
+        ranks = [self.rank, *sorted(r for r in self.exitcodes if r != self.rank)]
+        for rank in ranks:
+            code = self.exitcodes[rank]
+            if code < 0 and code != -signal.SIGTERM:
+                return rank, _signal_name(-code)
+        return None
 
 
 class LaunchInterrupted(RuntimeError):
@@ -65,12 +85,16 @@ def in_worker() -> bool:
     )
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _describe(exitcode: int) -> str:
     if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
+        return f"was killed by {_signal_name(-exitcode)}"
     return f"exited with status {exitcode}"
 
 
@@ -116,13 +140,15 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
             detail = str(failure.message.get("message", "")).strip()
         elif failure.message:
             detail = str(failure.message).strip()
-        if detail.startswith("To enable traceback see") or detail == "<N/A>":
-            detail = ""
+        if detail.startswith("To enable traceback see") or detail == "<N/A>" or (
+                failure.exitcode < 0 and detail.startswith("Signal ")):
+            detail = ""  # the agent's words, not the worker's: "Signal 9 (SIGKILL) received by PID"
         raise LaunchError(
             f"worker rank {rank} {_describe(failure.exitcode)}"
             + (f": {detail}" if detail else "")
             + f" ({len(error.failures)} of {nproc} workers failed; the others were stopped)",
             rank=rank, exitcode=failure.exitcode, worker_message=detail,
+            exitcodes={r: f.exitcode for r, f in error.failures.items()},
         ) from None
     finally:
         os.environ.pop(LAUNCHED_ENV, None)
