@@ -137,3 +137,13 @@ def test_good_inputs_pass(tmp_path: Path) -> None:
     _, problems = prepare(_args(*TINY, "--data", str(data), "--out", str(tmp_path / "a" / "b")))
     assert problems == []
     assert not (tmp_path / "a").exists() or list((tmp_path / "a").iterdir()) == []
+
+
+@pytest.mark.parametrize("module", ["pipetrain.cli.train_inputs", "pipetrain.cli.train_layout",
+                                    "pipetrain.cli.worker_death"])
+def test_doctests(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
