@@ -3,6 +3,7 @@ the CPU with ``--device cpu --quick``, so that it keeps working while no GPU run
 
 from __future__ import annotations
 
+import argparse
 import doctest
 import importlib
 import json
@@ -19,7 +20,8 @@ _BENCHMARKS = os.path.join(_ROOT, "benchmarks")
 if _BENCHMARKS not in sys.path:
     sys.path.insert(0, _BENCHMARKS)
 
-from gpu.items import ITEMS  # noqa: E402
+from gpu import check  # noqa: E402
+from gpu.items import ITEMS, Item, by_name  # noqa: E402
 from gpu.max_model import largest  # noqa: E402
 from gpu.streams import gpu_events, overlap_report  # noqa: E402
 
@@ -70,6 +72,18 @@ def test_overlap_of_streams_from_a_profiler_trace() -> None:
     serial = overlap_report([{"kind": "kernel", "stream": 1, "start": 0, "end": 5},
                              {"kind": "kernel", "stream": 2, "start": 5, "end": 9}])
     assert serial["concurrent_us"] == 0.0  # touching is not overlapping
+
+
+def test_an_item_that_fails_or_overstays_is_recorded(tmp_path: Any) -> None:
+    args = argparse.Namespace(out_dir=str(tmp_path), device="cpu", quick=True, budget=None)
+    broken = Item(name="broken", module="json", title="no run()", cuda_s=1, cpu_s=1)
+    assert check.run_item(broken, args) == 0
+    record = _load(str(tmp_path), "broken")
+    assert record["status"] == "failed" and "has no attribute 'run'" in record["reason"]
+    (tmp_path / "logs").mkdir()
+    late = check.spawn_item(by_name("max_model_size"), args, timeout=1.0)
+    assert late["status"] == "failed" and "did not finish within 1 s" in late["reason"]
+    assert _load(str(tmp_path), "max_model_size")["status"] == "failed"
 
 
 def _load(folder: str, name: str) -> dict[str, Any]:

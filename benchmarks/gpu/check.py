@@ -35,7 +35,7 @@ for _path in (os.path.join(_HERE, ".deps"), os.path.join(_ROOT, "src"), _BENCHMA
 from gpu.common import STATUSES, ItemContext, error_text  # noqa: E402
 from gpu.items import CPU_TOTAL_S, CUDA_TOTAL_S, ITEMS, Item, by_name  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["main", "run_all", "run_item", "spawn_item"]
 
 GRACE_S = 20.0
 """Seconds an item's process may overstay its budget (start-up, writing) before it is ended."""
@@ -131,7 +131,7 @@ def _tail(path: str, chars: int = 2000) -> str:
         return ""
 
 
-def _spawn_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, Any]:
+def spawn_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, Any]:
     """Run ``item`` in a child process within ``timeout``; its record (a failure when it
     wrote none)."""
     path = os.path.join(args.out_dir, f"{item.name}.json")
@@ -151,12 +151,11 @@ def _spawn_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[st
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            if process.poll() is None or code is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)  # the item and what it spawned
-                except ProcessLookupError:
-                    pass
-                process.wait(timeout=30)
+            try:  # the item and anything it left running (spawned ranks, pytest workers)
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            process.wait(timeout=30)
     seconds = round(time.monotonic() - began, 2)
     if code is None:
         reason = (f"did not finish within {timeout:.0f} s (its budget of "
@@ -214,7 +213,7 @@ def run_all(args: argparse.Namespace) -> int:
             record = _skip_record(item, args, f"the run's budget of {total:.0f} s is spent "
                                   f"({left:.0f} s left when the item was due)")
         else:
-            record = _spawn_item(item, args, min(_budget(item, args) + GRACE_S, left))
+            record = spawn_item(item, args, min(_budget(item, args) + GRACE_S, left))
         records.append(record)
         print(f"  {item.name:<22} {record['status']:<8} {record.get('seconds', 0):7.1f} s"
               f"{'  ' + str(record.get('reason'))[:150] if record.get('reason') else ''}",

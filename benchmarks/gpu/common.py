@@ -82,7 +82,9 @@ def is_out_of_memory(error: BaseException) -> bool:
     for _ in range(8):
         if seen is None:
             return False
-        if type(seen).__name__ == "OutOfMemoryError" or "out of memory" in str(seen).lower():
+        text = str(seen).lower()
+        if type(seen).__name__ == "OutOfMemoryError" or "out of memory" in text \
+                or "alloc_failed" in text:  # cuBLAS / cuDNN could not get their workspace
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -35,7 +35,7 @@ SIZES = {
              "cap_gib": 6.0, "limit": 256},
     "cpu": {"width": 128, "heads": 4, "seq": 64, "batch": 16, "chunks": 4,
             "cap_mib": 96.0, "limit": 64},
-    "quick": {"width": 128, "heads": 4, "seq": 64, "batch": 16, "chunks": 4,
+    "quick": {"width": 64, "heads": 2, "seq": 128, "batch": 16, "chunks": 4,
               "cap_mib": 48.0, "limit": 32},
 }
 MODES = {"without_rematerialization": "never", "with_rematerialization": "always"}
@@ -133,7 +133,8 @@ class _Trial:
         self.x = torch.randint(0, 256, shape, generator=generator).to(self.device)
         self.y = torch.randint(0, 256, shape, generator=generator).to(self.device)
         self.records: list[dict[str, Any]] = []
-        self.leak: str | None = None
+        self.stopped: str | None = None
+        """Why the search must stop: memory left behind, or an error other than OOM."""
         self.baseline: int | None = None
 
     def _steps(self, depth: int) -> None:
@@ -176,16 +177,18 @@ class _Trial:
             else:
                 fits = peak <= self.sizes["cap_mib"]
         except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-            record["out_of_memory"] = error_text(error)[:200]
             fits = False
+            if is_out_of_memory(error):
+                record["out_of_memory"] = error_text(error)[:200]
+            else:
+                record["error"] = error_text(error)
+                self.stopped = f"the trial of depth {depth} failed: {error_text(error)}"
         _clear_cublas_workspaces(self.device)
         left = free_device_memory(self.device)
         if self.device.type == "cuda" and left > self.baseline + LEAK_BYTES:
             # what a trial leaves would shrink the next trials' room under the cap
-            self.leak = (f"{(left - self.baseline) / 2**20:.0f} MiB stayed allocated after "
-                         f"the trial of depth {depth}")
+            self.stopped = (f"{(left - self.baseline) / 2**20:.0f} MiB stayed allocated "
+                            f"after the trial of depth {depth}")
             torch.cuda.empty_cache()
         record.update(fits=fits, seconds=round(time.monotonic() - began, 2))
         self.records.append(record)
@@ -196,15 +199,15 @@ def _search(ctx: ItemContext, sizes: dict[str, Any], checkpoint: str,
             stop_at: float) -> dict[str, Any]:
     trial = _Trial(ctx, sizes, checkpoint)
     found = largest(trial, limit=sizes["limit"],
-                    out_of_time=lambda: time.monotonic() > stop_at or trial.leak is not None)
+                    out_of_time=lambda: time.monotonic() > stop_at or trial.stopped is not None)
     depth = found["largest"]
     result = {"checkpoint": checkpoint, "largest_depth": depth,
               "parameters": parameters(sizes, depth) if depth else 0,
               "first_depth_too_large": found["first_too_large"],
               "complete": found["complete"], "reached_limit": found["reached_limit"],
               "trials": trial.records}
-    if trial.leak:
-        result["stopped"] = trial.leak
+    if trial.stopped:
+        result["stopped"] = trial.stopped
     elif not found["complete"]:
         result["stopped"] = "time budget"
     return result
