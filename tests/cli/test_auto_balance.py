@@ -3,15 +3,15 @@ the plan's choices the run takes."""
 
 from __future__ import annotations
 
-import argparse
-
 from pipetrain.cli.auto_balance import plan_choices, planner_config
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.plan import Plan, PlanStage
 
 
-def _args(**given: object) -> argparse.Namespace:
-    values = {"schedule": "1f1b", "microbatches": 8, "checkpoint": "never", "virtual": None}
-    return argparse.Namespace(**(values | given), given=set(given))
+def _args(**given: object) -> RunConfig:
+    config = RunConfig()
+    config.set("command line", **given)
+    return config
 
 
 def test_the_planner_keeps_what_the_user_gave() -> None:

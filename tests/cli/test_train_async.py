@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipetrain.cli.main import build_parser
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_checks import prepare
 from pipetrain.cli.train_options import gpt_config, pipeline_config
 
@@ -21,18 +22,33 @@ SMALL = ["--layers", "2", "--width", "32", "--heads", "2", "--context", "32", "-
 
 def _problems(*argv: str) -> list[str]:
     args = build_parser().parse_args(["train", *SMALL, *argv])
-    return prepare(args)[1]
+    return prepare(args)[2]
+
+
+def _resolved(*argv: str) -> RunConfig:
+    config, _, problems = prepare(build_parser().parse_args(["train", *SMALL, *argv]))
+    assert problems == []
+    return config
 
 
 def test_asynchronous_options_make_the_config_and_the_untied_model() -> None:
-    args = build_parser().parse_args(["train", *SMALL, "--schedule", "pipedream", "--vertical-sync"])
+    args = _resolved("--schedule", "pipedream", "--vertical-sync")
     config = pipeline_config(args)
     assert (config.schedule, config.vertical_sync, config.clip_grad_norm, config.nonfinite) == (
         "pipedream", True, None, "ignore")
     assert gpt_config(args).tie_embeddings is False
-    plain = build_parser().parse_args(["train", *SMALL])
+    plain = _resolved()
     assert gpt_config(plain).tie_embeddings is True and pipeline_config(plain).clip_grad_norm == 1.0
     assert _problems("--schedule", "2bw") == []
+
+
+def test_an_asynchronous_run_records_the_clip_and_the_non_finite_handling_it_runs_with() -> None:
+    """Bug: config.json of a pipedream run said clip 1.0 and nonfinite error, which that
+    run refuses; the resolved options are what it runs with, and say where they came from."""
+    config = _resolved("--schedule", "pipedream")
+    assert (config.clip, config.nonfinite) == (0.0, "ignore")
+    assert config.source("clip") == config.source("nonfinite") == "schedule"
+    assert config.record()["options"]["clip"] == 0.0
 
 
 @pytest.mark.parametrize(("argv", "phrases"), [

@@ -125,7 +125,7 @@ def test_hf_models_without_transformers_are_refused_before_the_workers(
             "cannot be imported here (No module named tokenizers); fix: pip install -c "
             "constraints.txt -e '.[hf]' (the hf extra), or --model gpt")
     # the same check runs in every worker (under torchrun there is no launcher)
-    _, problems = prepare(_args(*TINY, "--layers", "2", "--model", "hf-gpt2",
+    _, _, problems = prepare(_args(*TINY, "--layers", "2", "--model", "hf-gpt2",
                                 "--out", str(tmp_path / "w")))
     assert any("needs Hugging Face transformers" in problem for problem in problems)
     assert not (tmp_path / "hf-gpt2").exists()
@@ -134,7 +134,7 @@ def test_hf_models_without_transformers_are_refused_before_the_workers(
 def test_good_inputs_pass(tmp_path: Path) -> None:
     data = tmp_path / "data.txt"
     data.write_text("x = 1\n" * 2000)
-    _, problems = prepare(_args(*TINY, "--data", str(data), "--out", str(tmp_path / "a" / "b")))
+    _, _, problems = prepare(_args(*TINY, "--data", str(data), "--out", str(tmp_path / "a" / "b")))
     assert problems == []
     assert not (tmp_path / "a").exists() or list((tmp_path / "a").iterdir()) == []
 

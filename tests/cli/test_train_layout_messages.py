@@ -21,7 +21,7 @@ TINY = ["--width", "16", "--heads", "2", "--context", "16", "--batch-size", "8",
 def _problems(argv: list[str]) -> list[str]:
     args: argparse.Namespace = build_parser().parse_args(["train", *TINY, *argv])
     args.given = set(getattr(args, "given", ()))
-    _, problems = prepare(args)
+    _, _, problems = prepare(args)
     return problems
 
 

@@ -16,7 +16,6 @@ several stages per rank, which a plan does not describe: its cut is planned with
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_options import stages_per_rank
 from pipetrain.data import TextDataset
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
@@ -42,7 +42,7 @@ _CHOICES = (("schedule", "schedule", "schedules"),
 """(option, plan field, PlannerConfig field) of the choices a plan makes."""
 
 
-def planner_config(args: argparse.Namespace, stages: int) -> Any:
+def planner_config(args: RunConfig, stages: int) -> Any:
     """The :class:`~pipetrain.plan.PlannerConfig` of the run: a straight pipeline of
     ``stages``, with the schedule, micro-batches and checkpoint mode the user gave."""
     from pipetrain.plan import PlannerConfig, Topology
@@ -51,11 +51,11 @@ def planner_config(args: argparse.Namespace, stages: int) -> Any:
     if stages_per_rank(args) > 1:
         return PlannerConfig(topology=topology, straight=True, cost_model="pipedream")
     fixed: dict[str, Any] = {field: (getattr(args, option),) for option, _, field in _CHOICES
-                             if option in args.given}
+                             if args.given(option)}
     return PlannerConfig(topology=topology, straight=True, cost_model="pipetrain", **fixed)
 
 
-def plan_balance_for(args: argparse.Namespace, model_config: GPTConfig, dataset: TextDataset,
+def plan_balance_for(args: RunConfig, model_config: GPTConfig, dataset: TextDataset,
                      *, device: torch.device) -> tuple[list[int], Any, Any]:
     """Profile the model and plan its cut: ``(balance, plan, profile)`` (this process)."""
     from pipetrain.plan import make_plan
@@ -72,7 +72,7 @@ def plan_balance_for(args: argparse.Namespace, model_config: GPTConfig, dataset:
     return [len(stage.nodes) for stage in plan.stages], plan, profile
 
 
-def plan_choices(args: argparse.Namespace, plan: Any) -> dict[str, Any]:
+def plan_choices(args: RunConfig, plan: Any) -> dict[str, Any]:
     """The options the plan sets: its schedule, micro-batches and checkpoint mode, where
     it chose them and the user did not give them.
 
@@ -81,30 +81,29 @@ def plan_choices(args: argparse.Namespace, plan: Any) -> dict[str, Any]:
         >>> plan = Plan(stages=(PlanStage(nodes=(0,), replicas=1),), cost_model="pipetrain",
         ...             time_per_step=1.0, num_workers=1, schedule="zb-h1",
         ...             num_microbatches=4, checkpoint="never")
-        >>> plan_choices(argparse.Namespace(given={"schedule"}), plan)
+        >>> from pipetrain.cli.run_config import RunConfig
+        >>> plan_choices(RunConfig(sources={"schedule": "command line"}), plan)
         {'microbatches': 4, 'checkpoint': 'never'}
     """
     return {option: getattr(plan, field) for option, field, _ in _CHOICES
-            if getattr(plan, field) is not None and option not in args.given}
+            if getattr(plan, field) is not None and not args.given(option)}
 
 
-def agree_on_balance(args: argparse.Namespace, model_config: GPTConfig, dataset: TextDataset,
-                     *, device: torch.device) -> list[int]:
-    """The cut rank 0 planned (every rank calls it; rank 0 writes the files). The plan's
-    schedule, micro-batches and checkpoint mode replace those options in ``args`` unless
-    the user gave them."""
+def agree_on_balance(args: RunConfig, model_config: GPTConfig, dataset: TextDataset,
+                     *, device: torch.device) -> RunConfig:
+    """The run's configuration with the cut rank 0 planned (every rank calls it; rank 0
+    writes the files), and the plan's schedule, micro-batches and checkpoint mode where
+    the user did not give them (their source: ``planner``)."""
     box: list[Any] = [None]
     if dist.get_rank() == 0:
         balance, plan, profile = plan_balance_for(args, model_config, dataset, device=device)
-        os.makedirs(args.out, exist_ok=True)
-        profile.save(os.path.join(args.out, "profile.json"))
-        plan.save(os.path.join(args.out, "plan.json"))
+        os.makedirs(args.folder, exist_ok=True)
+        profile.save(os.path.join(args.folder, "profile.json"))
+        plan.save(os.path.join(args.folder, "plan.json"))
         chosen = plan_choices(args, plan)
         logger.info("--balance auto: %s %s (predicted %.4g s per step)", balance, chosen,
                     plan.time_per_step)
         box = [(balance, chosen)]
     dist.broadcast_object_list(box, src=0)
     balance, chosen = box[0]
-    for option, value in chosen.items():
-        setattr(args, option, value)
-    return list(balance)
+    return args.replace("planner", balance=",".join(map(str, balance)), **chosen)

@@ -9,7 +9,6 @@ the last the head), or where the planner says (``--balance auto``).
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_options import stages_per_rank
 from pipetrain.data import TextDataset
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss, gpt_ties
@@ -35,7 +35,7 @@ HF_MODELS = {"hf-gpt2": "transformer.h", "hf-llama": "model.layers"}
 VOCAB = 256
 
 
-def build_hf_model(args: argparse.Namespace) -> nn.Module:
+def build_hf_model(args: RunConfig) -> nn.Module:
     """The model of ``--model`` (seeded by ``--seed``; built on every rank alike).
 
     Raises:
@@ -66,18 +66,18 @@ def build_hf_model(args: argparse.Namespace) -> nn.Module:
     return model
 
 
-def block_split_points(args: argparse.Namespace, num_stages: int) -> list[str]:
+def block_split_points(args: RunConfig, num_stages: int) -> list[str]:
     """Where each stage after the first begins: blocks spread evenly over the stages.
 
     Example:
-        >>> block_split_points(argparse.Namespace(model="hf-gpt2", layers=6), 3)
+        >>> block_split_points(RunConfig(model="hf-gpt2", layers=6), 3)
         ['transformer.h.2', 'transformer.h.4']
     """
     prefix = HF_MODELS[args.model]
     return [f"{prefix}.{round(j * args.layers / num_stages)}" for j in range(1, num_stages)]
 
 
-def hf_layout_problems(args: argparse.Namespace) -> list[str]:
+def hf_layout_problems(args: RunConfig) -> list[str]:
     """What ``--model hf-*`` does not take (flags named)."""
     problems = []
     stages = args.stages * (args.virtual or 1)
@@ -97,7 +97,7 @@ def hf_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.logits.flatten(0, 1), target.flatten())
 
 
-def pipeline_model(args: argparse.Namespace, model_config: GPTConfig,
+def pipeline_model(args: RunConfig, model_config: GPTConfig,
                    dataset: TextDataset) -> tuple[Any, dict[str, Any]]:
     """``Pipeline``'s model and its model arguments: the GPT's layers (``--model gpt``), or
     a Hugging Face model to capture on a batch of the run's data, cut at its blocks (or

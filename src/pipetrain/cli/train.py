@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_options import add_train_arguments
 
 __all__ = ["add_parser", "run"]
@@ -59,17 +60,18 @@ def run(args: argparse.Namespace) -> int:
     from pipetrain.cli.run_folder import new_run_problem, resume_source
     from pipetrain.cli.train_checks import prepare
 
-    _, problems = prepare(args)
-    if args.out is None:
-        args.out = os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    config, _, problems = prepare(args)
+    if config.out is None:
+        config.out = os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out = config.out
     from pipetrain.cli.run_lock import RunFolderBusy, RunLock
 
-    lock = RunLock(args.out)  # held by this launcher for the whole job
-    resumed = resume_source(args.resume).run_folder if args.resume is not None else None
+    lock = RunLock(out)  # held by this launcher for the whole job
+    resumed = resume_source(config.resume).run_folder if config.resume is not None else None
     busy = (RunLock(resumed) if resumed is not None else lock).busy()
     if busy is not None:  # what else is wrong may be a consequence (no checkpoint yet)
         return _fail([busy], 2)
-    folder_problem = new_run_problem(args.out, resume=args.resume)
+    folder_problem = new_run_problem(out, resume=config.resume)
     if folder_problem is not None:
         problems.append(folder_problem)
     if problems:
@@ -77,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         lock.acquire()
     except (RunFolderBusy, OSError) as error:
-        return _fail([f"--out {args.out!r}: {error}" if isinstance(error, OSError) else str(error)], 2)
-    folder_problem = new_run_problem(args.out, resume=args.resume)  # a job that just ended
+        return _fail([f"--out {out!r}: {error}" if isinstance(error, OSError) else str(error)], 2)
+    folder_problem = new_run_problem(out, resume=config.resume)  # a job that just ended
     if folder_problem is not None:
         lock.release()
         return _fail([folder_problem], 2)
@@ -86,20 +88,18 @@ def run(args: argparse.Namespace) -> int:
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-    from pipetrain.cli.train_layout import num_workers
-
-    argv = _argv_with_out(sys.argv[1:], args.out)
+    argv = _argv_with_out(sys.argv[1:], out)
     started = time.time()
     try:
-        launch_local(num_workers(args), argv)
+        launch_local(config.num_workers, argv)
     except LaunchError as error:
-        return _fail([_failure_line(error, args, started)], 2 if error.exitcode == 2 else 1)
+        return _fail([_failure_line(error, config, started)], 2 if error.exitcode == 2 else 1)
     except LaunchInterrupted as error:
-        return _interrupted(args.out, error.signal_number)
+        return _interrupted(out, error.signal_number)
     return 0
 
 
-def _failure_line(error: Any, args: argparse.Namespace, started: float) -> str:
+def _failure_line(error: Any, args: RunConfig, started: float) -> str:
     """The worker's own message; for a worker that died without one (killed, crashed),
     or whose peers only saw it die, which rank and stage died, what the run keeps and
     how to continue (:mod:`pipetrain.cli.worker_death`)."""

@@ -1,114 +1,25 @@
-"""Everything ``pipetrain train`` can check before a worker starts, and what a resume does.
+"""Everything ``pipetrain train`` can check before a worker starts.
 
-:func:`prepare` runs in the launcher (so that mistakes are named before any process
-starts) and again in every worker (under torchrun there is no launcher); it has no side
-effects, so every rank reaches the same verdict. A resume takes the options the user
-did not give from the run it continues, honours the ones given (they are recorded as
-changes), and refuses a change of the model's shape and a resume with nothing to do.
+:func:`prepare` resolves the command into its :class:`~.run_config.RunConfig` (see
+:mod:`.train_resolve`) and checks it. It runs in the launcher (so that mistakes are named
+before any process starts) and again in every worker (under torchrun there is no
+launcher); it has no side effects, so every rank reaches the same verdict.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, field
-from typing import Any
 
-from pipetrain.cli.run_folder import read_json, resume_source
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_inputs import corpus_problem, hf_problem, out_problem
 from pipetrain.cli.train_layout import layout_problems, stage_count_problem, virtual_needed
-from pipetrain.cli.train_options import (
-    MODEL_OPTIONS,
-    RUN_OPTIONS,
-    asynchronous,
-    flag,
-    pipeline_fields,
-)
+from pipetrain.cli.train_options import asynchronous, flag, pipeline_fields
+from pipetrain.cli.train_resolve import Resume, resolve
 
 __all__ = ["Resume", "prepare"]
 
-_NOT_OPTIONS = frozenset({"run", "given", "command", "verbose", "resumed"})
 
-
-@dataclass
-class Resume:
-    """What a ``--resume`` continues."""
-
-    checkpoint: str
-    """The complete checkpoint folder to load."""
-    step: int
-    """The step the checkpoint was saved at."""
-    run_folder: str | None
-    """The run folder whose options and history continue (None: a bare checkpoint)."""
-    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    """Options given now that differ from the resumed run's: ``{name: (old, new)}``."""
-    warnings: list[str] = field(default_factory=list)
-    """Newer checkpoints passed over because they are damaged (one line each)."""
-
-
-def _merge(args: argparse.Namespace, saved: dict[str, Any], changes: dict[str, tuple[Any, Any]],
-           problems: list[str]) -> None:
-    """Take the options not given from ``saved``; note the given ones that differ."""
-    for name, old in saved.items():
-        if name in RUN_OPTIONS or name in _NOT_OPTIONS or not hasattr(args, name):
-            continue
-        if name not in args.given:
-            setattr(args, name, old)
-            continue
-        new = getattr(args, name)
-        if new == old:
-            continue
-        if name in MODEL_OPTIONS:
-            problems.append(
-                f"{flag(name, new)} differs from the resumed run's {flag(name, old)}: a resume keeps "
-                f"the model's shape; fix: leave out {flag(name, new).split()[0]}, or start a new run "
-                "with another --out"
-            )
-        else:
-            changes[name] = (old, new)
-
-
-def _resume(args: argparse.Namespace, problems: list[str]) -> Resume | None:
-    from pipetrain.api.checkpoint_files import find_intact, read_meta
-
-    if not os.path.exists(args.resume):
-        problems.append(f"--resume {args.resume!r}: no such run folder or checkpoint")
-        return None
-    source = resume_source(args.resume)
-    found, damaged = find_intact(source.checkpoint)
-    if found is None:
-        where = source.run_folder or args.resume
-        if damaged:
-            listed = "; ".join(f"{c.path} (step {c.step}): {why}" for c, why in damaged)
-            problems.append(
-                f"--resume {args.resume!r}: no intact checkpoint in {where!r}: {listed}; fix: "
-                "restore the damaged files, or start the run again without --resume")
-        else:
-            problems.append(
-                f"--resume {args.resume!r}: {where!r} holds no complete checkpoint (a run stopped "
-                "before its first save has none); fix: start the run again without --resume, or "
-                "resume a run folder that has checkpoint/"
-            )
-        return None
-    step = int(read_meta(found.path)["step"])
-    resume = Resume(checkpoint=found.path, step=step, run_folder=source.run_folder,
-                    warnings=[f"checkpoint {c.path} (step {c.step}) is damaged: {why}; resuming "
-                              f"from {found.path} (step {step}) instead" for c, why in damaged])
-    if source.run_folder is not None:
-        saved = read_json(os.path.join(source.run_folder, "config.json")) or {}
-        _merge(args, dict(saved.get("args", {})), resume.changes, problems)
-        if args.out is None:
-            args.out = source.run_folder
-    if args.steps <= step:
-        problems.append(
-            f"nothing to do: the checkpoint of {args.resume!r} is at step {step} and --steps is "
-            f"{args.steps}; --steps is the step to reach, not how many to add; fix: e.g. "
-            f"--steps {step + 100} to train 100 more steps"
-        )
-    return resume
-
-
-def _option_problems(args: argparse.Namespace) -> list[str]:
+def _option_problems(args: RunConfig) -> list[str]:
     from pipetrain.api.config import config_problems
     from pipetrain.data import load_corpus
 
@@ -149,37 +60,17 @@ def _option_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _schedule_file(args: argparse.Namespace) -> None:
-    """With ``--schedule FILE``, take ``--stages``, ``--virtual`` and ``--microbatches``
-    from the file where they were not given (a given one that differs is reported by
-    the configuration's check, with its fix)."""
-    from pipetrain.api.user_schedule import is_schedule_file
-    from pipetrain.schedule import load_schedule
-
-    if not is_schedule_file(args.schedule):
-        return
-    try:
-        schedule = load_schedule(args.schedule)
-    except (OSError, ValueError):
-        return  # the configuration's check names the problem
-    taken = {"stages": schedule.num_ranks, "microbatches": schedule.num_microbatches,
-             "virtual": max(1, schedule.num_stages // schedule.num_ranks)}
-    for option, value in taken.items():
-        if option not in args.given:
-            setattr(args, option, value)
-
-
-def _async_problems(args: argparse.Namespace) -> list[str]:
+def _async_problems(args: RunConfig) -> list[str]:
     """``--clip`` and ``--nonfinite`` given with an asynchronous schedule."""
     if not asynchronous(args):
         return []
     problems = []
-    if "clip" in args.given and args.clip > 0:
+    if args.given("clip") and args.clip > 0:
         problems.append(
             f"--clip {args.clip:g} with --schedule {args.schedule}: its stages update on their own, "
             "at their own times, so no update has a gradient norm over all stages to clip by; "
             "fix: leave out --clip")
-    if "nonfinite" in args.given:
+    if args.given("nonfinite"):
         problems.append(
             f"--nonfinite {args.nonfinite} with --schedule {args.schedule}: its stages apply their "
             "updates at different times, before the step's loss is known everywhere, so a step "
@@ -188,24 +79,22 @@ def _async_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def prepare(args: argparse.Namespace) -> tuple[Resume | None, list[str]]:
-    """Resolve a resume into ``args`` (in place) and find every problem with the options.
+def prepare(args: argparse.Namespace) -> tuple[RunConfig, Resume | None, list[str]]:
+    """Resolve the command into its configuration and find every problem with it.
 
-    Returns the resume (None without ``--resume``) and the problems, each naming the bad
-    value and its fix in command-line terms.
+    Returns the configuration, the resume (None without ``--resume``) and the problems,
+    each naming the bad value and its fix in command-line terms.
     """
-    problems: list[str] = []
-    resume = _resume(args, problems) if args.resume is not None else None
-    _schedule_file(args)
+    config, resume, problems = resolve(args)
     if resume is not None and "schedule" in resume.changes:
         old, new = resume.changes["schedule"]
-        if asynchronous(argparse.Namespace(schedule=old)) != asynchronous(args):
+        if asynchronous(RunConfig(schedule=old)) != asynchronous(config):
             problems.append(
                 f"--schedule {new} differs from the resumed run's --schedule {old} in kind: the "
                 "asynchronous schedules train the GPT with untied embeddings, the synchronous "
                 f"ones with tied embeddings; fix: leave out --schedule, or --schedule {old}")
-    problems.extend(_option_problems(args))
-    folder = out_problem(args.out, resume=args.resume)
+    problems.extend(_option_problems(config))
+    folder = out_problem(config.out, resume=config.resume)
     if folder is not None:
         problems.append(folder)
-    return resume, problems
+    return config, resume, problems

@@ -10,10 +10,11 @@ folder where ``--out`` would be created, the one way to know a place takes a fol
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import os
 import tempfile
+
+from pipetrain.cli.run_config import RunConfig
 
 __all__ = ["corpus_problem", "hf_problem", "out_problem"]
 
@@ -84,7 +85,7 @@ def _smallest_corpus(context: int, fraction: float) -> int:
     return size
 
 
-def corpus_problem(args: argparse.Namespace, *, context_fixed: bool = False) -> str | None:
+def corpus_problem(args: RunConfig, *, context_fixed: bool = False) -> str | None:
     """Why the corpus (``--data``, or the default one) is too short for ``--context``, or
     None; ``context_fixed``: a resume, which keeps the model's ``--context``.
 
@@ -92,7 +93,7 @@ def corpus_problem(args: argparse.Namespace, *, context_fixed: bool = False) -> 
         >>> import tempfile
         >>> path = os.path.join(tempfile.mkdtemp(), "tiny.txt")
         >>> _ = open(path, "w").write("x" * 1000)
-        >>> print(corpus_problem(argparse.Namespace(data=path, context=128)))  # doctest: +ELLIPSIS
+        >>> print(corpus_problem(RunConfig(data=path, context=128)))  # doctest: +ELLIPSIS
         --data '...tiny.txt' has 1,000 bytes, too few for --context 128: ...; fix: --context 49 or less, or a --data file of at least 2,580 bytes
     """
     from pipetrain.data.corpus import DEFAULT_MAX_BYTES
@@ -132,12 +133,12 @@ def corpus_problem(args: argparse.Namespace, *, context_fixed: bool = False) -> 
     )
 
 
-def hf_problem(args: argparse.Namespace) -> str | None:
+def hf_problem(args: RunConfig) -> str | None:
     """Why ``--model hf-gpt2|hf-llama`` cannot be built here (transformers cannot be
     imported), or None.
 
     Example:
-        >>> hf_problem(argparse.Namespace(model="gpt")) is None
+        >>> hf_problem(RunConfig(model="gpt")) is None
         True
     """
     if not str(getattr(args, "model", "gpt")).startswith("hf-"):

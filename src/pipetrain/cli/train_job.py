@@ -26,6 +26,7 @@ from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.hf_models import pipeline_model
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import new_run_problem, write_json
 from pipetrain.cli.run_lock import RunFolderBusy, RunLock
 from pipetrain.cli.stop_signals import StopRequest
@@ -67,20 +68,22 @@ def train_worker(args: argparse.Namespace) -> int:
     stop = StopRequest()
     stop.install()
     rank = int(os.environ.get("RANK", "0"))
+    verbose = bool(getattr(args, "verbose", False))
     try:
-        resume, problems = prepare(args)
+        config, resume, problems = prepare(args)
         if problems:
             raise UsageError(problems)
-        return _join_and_train(args, resume, stop)
+        return _join_and_train(config, resume, stop, verbose=verbose)
     except BaseException as error:  # SystemExit and KeyboardInterrupt included: one line
         if isinstance(error, SystemExit) and not error.code:
             raise
-        return report_failure(error, rank=rank, verbose=bool(getattr(args, "verbose", False)))
+        return report_failure(error, rank=rank, verbose=verbose)
     finally:
         stop.uninstall()
 
 
-def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopRequest) -> int:
+def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *,
+                    verbose: bool) -> int:
     context = init_distributed(timeout=args.timeout)
     peers_lost = False
     try:
@@ -89,9 +92,8 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
-        balance = None
         if args.balance == AUTO and args.model == "gpt":
-            balance = agree_on_balance(args, model_config, dataset, device=context.device)
+            args = agree_on_balance(args, model_config, dataset, device=context.device)
         model, model_arguments = pipeline_model(args, model_config, dataset)
         pipe = Pipeline(
             model,
@@ -100,29 +102,29 @@ def _join_and_train(args: argparse.Namespace, resume: Resume | None, stop: StopR
                                                        weight_decay=0.1),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                 opt, lr_factor(args.warmup, args.steps)),
-            config=run_config(args, balance=balance),
+            config=run_config(args),
             context=context,
         )
         try:
-            return _Run(pipe, args, dataset, model_config, resume, stop).run()
+            return _Run(pipe, args, dataset, model_config, resume, stop, verbose=verbose).run()
         finally:
             pipe.close()
     except BaseException as error:
         # the peers are gone or unreachable: no clean-up may wait on them, and the worker
         # ends (with its message) within seconds even if one does
-        peers_lost = end_within(_CLEANUP_SECONDS, error, rank=dist.get_rank(),
-                                verbose=bool(getattr(args, "verbose", False)))
+        peers_lost = end_within(_CLEANUP_SECONDS, error, rank=dist.get_rank(), verbose=verbose)
         raise
     finally:
         if dist.is_initialized() and not peers_lost:
             dist.destroy_process_group()
 
 
-_PER_HOST = ("timeout", "out")
-"""Options each host may give differently (``--out``: rank 0's is taken by all)."""
+_PER_HOST = ("timeout", "out", "config")
+"""Options each host may give differently (``--out``: rank 0's is taken by all; a config
+file's path: its values are compared)."""
 
 
-def _agree_on_options(args: argparse.Namespace) -> None:
+def _agree_on_options(args: RunConfig) -> None:
     """Refuse, on every rank, hosts launched with different options (a layer would run
     on no rank, or two cuts of the model would train side by side)."""
     options = {flag(name, "").strip(): value for name, value in recorded(args, _PER_HOST).items()}
@@ -133,7 +135,7 @@ def _agree_on_options(args: argparse.Namespace) -> None:
         raise UsageError([str(error)]) from None
 
 
-def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> RunLock | None:
+def _agree_on_folder(args: RunConfig, resume: Resume | None) -> RunLock | None:
     """Rank 0 picks and checks the run folder before anyone writes, and locks it unless
     this job's launcher holds the lock; everyone takes its answer. The lock (rank 0's)."""
     verdict: list[Any] = [None, None]
@@ -160,10 +162,11 @@ def _agree_on_folder(args: argparse.Namespace, resume: Resume | None) -> RunLock
 class _Run:
     """One session of a run: load, train, stop or finish, write."""
 
-    def __init__(self, pipe: Pipeline, args: argparse.Namespace, dataset: TextDataset,
-                 model_config: GPTConfig, resume: Resume | None, stop: StopRequest) -> None:
+    def __init__(self, pipe: Pipeline, args: RunConfig, dataset: TextDataset,
+                 model_config: GPTConfig, resume: Resume | None, stop: StopRequest, *,
+                 verbose: bool) -> None:
         self.pipe, self.args, self.dataset, self.model_config = pipe, args, dataset, model_config
-        self.resume, self.stop = resume, stop
+        self.resume, self.stop, self.verbose = resume, stop, verbose
         self.rank = dist.get_rank()
         self.device = pipe.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.start = 0
@@ -191,7 +194,7 @@ class _Run:
         assert self.resume is not None
         text = (f"resuming {self.resume.run_folder or self.resume.checkpoint} at step {self.start}: "
                 f"training steps {self.start + 1}-{self.args.steps} "
-                f"({self.args.steps - self.start} steps) into {self.args.out}")
+                f"({self.args.steps - self.start} steps) into {self.args.folder}")
         if self.resume.changes:
             text += "; changed: " + ", ".join(
                 f"{flag(name, old)} -> {new}" for name, (old, new) in self.resume.changes.items())
@@ -201,17 +204,21 @@ class _Run:
         if self.rank != 0:
             return
         args = self.args
-        os.makedirs(args.out, exist_ok=True)
-        options = recorded(args)
-        write_json(os.path.join(args.out, "config.json"),
-                   {"args": options, "model": self.model_config.__dict__,
+        os.makedirs(args.folder, exist_ok=True)
+        record = args.record()
+        options = record["options"]
+        write_json(os.path.join(args.folder, "config.json"),
+                   {"args": options, "sources": record["sources"],
+                    "command_line": record["command_line"], "model": self.model_config.__dict__,
                     "world_size": dist.get_world_size()})
         self.records = RunRecords(
-            args.out, options, world_size=dist.get_world_size(), first_step=self.start + 1,
+            args.folder, options, world_size=dist.get_world_size(), first_step=self.start + 1,
             history=None if self.resume is None else self.resume.run_folder,
             changes=None if self.resume is None else self.resume.changes,
             checkpoint_step=self.saved_step)
-        self.records.schedule = lambda: self.pipe.schedule(args.microbatches)
+        self.records.schedule = lambda: self.pipe.schedule()  # the step as it runs
+        self.records.sources = record["sources"]
+        self.records.command_line = record["command_line"]
         self.records.write()
         if self.records.tensorboard.missing is not None:
             sys.stderr.write(f"pipetrain train: note: {self.records.tensorboard.missing}\n")
@@ -289,7 +296,7 @@ class _Run:
     def _save(self) -> None:
         if self.records is not None:  # the history first: it never falls behind a checkpoint
             self.records.write()
-        self.pipe.save(os.path.join(self.args.out, "checkpoint"),
+        self.pipe.save(os.path.join(self.args.folder, "checkpoint"),
                        extra={"data_step": self.pipe.step}, keep=self.args.keep_checkpoints)
         self.saved_step = self.pipe.step
         if self.records is not None:
@@ -303,11 +310,7 @@ class _Run:
 
     def _pictures(self) -> None:
         if self.records is not None:
-            args = self.args
-            self.records.write(
-                pictures=True,
-                title=f"{args.schedule} ({args.stages} stages x {args.replicas} replicas, "
-                      f"{args.microbatches} micro-batches)")
+            self.records.write(pictures=True, title=self.args.describe())
 
     def _interrupted(self, signal: Any) -> int:
         self._close_bar()
@@ -320,7 +323,7 @@ class _Run:
                                     "saved_now": saved}
             self._pictures()
             if os.environ.get(LAUNCHED_ENV) != "1":
-                sys.stderr.write(f"pipetrain train: {interrupted_line(self.records.metrics(), self.args.out)}\n")
+                sys.stderr.write(f"pipetrain train: {interrupted_line(self.records.metrics(), self.args.folder)}\n")
         return 128 + int(signal)
 
     def _nonfinite(self, error: NonFiniteError) -> None:
@@ -332,14 +335,14 @@ class _Run:
             self.records.stopped = {"reason": "nonfinite", "at_step": error.step, "loss": error.loss,
                                     "grad_norm": error.grad_norm, "checkpoint_step": checkpoint}
             self._pictures()
-        kept = (f"the checkpoint in {self.args.out}/checkpoint holds the last good step ({checkpoint})"
+        kept = (f"the checkpoint in {self.args.folder}/checkpoint holds the last good step ({checkpoint})"
                 if checkpoint is not None else "no checkpoint was saved (no step before it was good)")
         clip = "" if self.args.clip > 0 else " or --clip 1 (clipping is off)"
         raise RunStopped(
             f"step {error.step} is not finite (loss {error.loss:.6g}, gradient norm "
             f"{error.grad_norm:.6g}); no stage applied its update and {kept}. Fix: a lower "
             f"--lr (now {self.args.lr:g}, e.g. --lr {self.args.lr / 10:g}){clip}, then "
-            f"--resume {self.args.out}; or --nonfinite skip to skip such steps"
+            f"--resume {self.args.folder}; or --nonfinite skip to skip such steps"
         ) from None
 
     def _forced_exit(self, failure: PeerFailure) -> None:
@@ -349,7 +352,7 @@ class _Run:
             self.records.stop({"reason": "error", "at_step": self.pipe.step,
                                "message": str(failure).splitlines()[0][:500],
                                "checkpoint_step": self.saved_step, "forced_exit": True})
-        status = report_failure(failure, rank=self.rank, verbose=bool(self.args.verbose))
+        status = report_failure(failure, rank=self.rank, verbose=self.verbose)
         sys.stdout.flush()
         os._exit(status)
 
@@ -382,16 +385,16 @@ class _Run:
         except Exception as error:
             self._write_failure(error)
             raise RunStopped(
-                f"training finished (checkpoint and records in {self.args.out}), but sampling "
+                f"training finished (checkpoint and records in {self.args.folder}), but sampling "
                 f"failed: {type(error).__name__}: {error}"
             ) from error
         if self.records is not None:
             self.records.sample = sample
             self.records.write()
             if sample is not None:
-                with open(os.path.join(self.args.out, "sample.txt"), "w", encoding="utf-8") as f:
+                with open(os.path.join(self.args.folder, "sample.txt"), "w", encoding="utf-8") as f:
                     f.write(sample)
-            _report(self.args.out, self.records, sample)
+            _report(self.args.folder, self.records, sample)
         return 0
 
 
@@ -432,7 +435,7 @@ def _one_axis(gathered: list[tuple[float, list[TimedAction]]]) -> list[TimedActi
     ]
 
 
-def _sample(pipe: Pipeline, args: argparse.Namespace, model_config: GPTConfig) -> str:
+def _sample(pipe: Pipeline, args: RunConfig, model_config: GPTConfig) -> str:
     tokenizer = ByteTokenizer()
     prompt = tokenizer.encode("def ")
     generator = torch.Generator().manual_seed(args.seed)

@@ -13,11 +13,11 @@ run folder, and every rank trains with that cut.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from typing import Any
 
+from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_options import flag, pipeline_fields, stages_per_rank
 
 __all__ = [
@@ -77,8 +77,9 @@ def even_balance(num_layers: int, num_stages: int) -> list[int]:
     return [share + (j < extra) for j in range(num_stages)]
 
 
-def _balance_problems(args: argparse.Namespace) -> list[str]:
+def _balance_problems(args: RunConfig) -> list[str]:
     """What is wrong with ``--balance N,N,...`` for this run, with a fix that fits it."""
+    assert args.balance is not None
     num_layers = args.layers + 2
     virtual = virtual_needed(args)  # a wrong --virtual is a problem of its own
     stages = args.stages * virtual
@@ -109,7 +110,7 @@ def _balance_problems(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _virtual_range(args: argparse.Namespace) -> tuple[int, int | None]:
+def _virtual_range(args: RunConfig) -> tuple[int, int | None]:
     """The stages per rank ``--schedule`` takes (least, most; None: no most)."""
     from pipetrain.schedule import canonical_name, stages_per_rank_range
 
@@ -119,11 +120,11 @@ def _virtual_range(args: argparse.Namespace) -> tuple[int, int | None]:
         return 1, None
 
 
-def virtual_needed(args: argparse.Namespace) -> int:
+def virtual_needed(args: RunConfig) -> int:
     """``--virtual`` (or its default), or the nearest count ``--schedule`` takes.
 
     Example:
-        >>> virtual_needed(argparse.Namespace(schedule="zb-v", virtual=3))
+        >>> virtual_needed(RunConfig(schedule="zb-v", virtual=3))
         2
     """
     given = stages_per_rank(args)
@@ -131,14 +132,14 @@ def virtual_needed(args: argparse.Namespace) -> int:
     return max(given, least) if most is None else min(max(given, least), most)
 
 
-def stage_count_problem(args: argparse.Namespace) -> str | None:
+def stage_count_problem(args: RunConfig) -> str | None:
     """More model stages (``--stages`` x stages per rank) than the model has layers, with
     fixes the run can take: stages per rank counted as the schedule needs them (a wrong
     ``--virtual`` is its own problem, named by the configuration's check), and each fix a
     layout the schedule runs.
 
     Example:
-        >>> args = argparse.Namespace(layers=2, stages=3, virtual=3, schedule="zb-v",
+        >>> args = RunConfig(layers=2, stages=3, virtual=3, schedule="zb-v",
         ...                           resume=None, plan=None)
         >>> print(stage_count_problem(args))
         more stages than layers: --schedule zb-v runs 2 stages per rank (not --virtual 3), so --stages 3 makes 6 stages for 4 layers (embedding, 2 blocks, head); fix: --virtual 2 --stages 2, or --virtual 2 --layers 4
@@ -171,20 +172,12 @@ def stage_count_problem(args: argparse.Namespace) -> str | None:
             f"{', or '.join(fixes) or 'a new run with more --layers'}")
 
 
-def _plan(args: argparse.Namespace) -> Any:
-    from pipetrain.plan import Plan
-
-    return Plan.load(args.plan)
-
-
-def num_workers(args: argparse.Namespace) -> int:
-    """The processes the run needs."""
-    if args.plan is not None:
-        return int(_plan(args).workers_used)
-    return int(args.stages * args.replicas)
+def num_workers(args: RunConfig) -> int:
+    """The processes the run needs (a plan's: as many as it uses)."""
+    return args.num_workers
 
 
-def layout_problems(args: argparse.Namespace) -> list[str]:
+def layout_problems(args: RunConfig) -> list[str]:
     """Every problem with ``--balance`` / ``--plan`` (flags named)."""
     from pipetrain.api.plan_config import config_from_plan
 
@@ -195,15 +188,16 @@ def layout_problems(args: argparse.Namespace) -> list[str]:
         return hf_layout_problems(args)
     num_layers = args.layers + 2
     if args.plan is not None:
-        if args.balance is not None:
+        if args.given("balance"):
             problems.append("--plan and --balance both cut the model; fix: keep one of them")
-        given = [f"--{name}" for name in _PLAN_SETS if name in args.given]
+        given = [f"--{name}" for name in _PLAN_SETS if args.given(name)]
         if given:
             problems.append(f"--plan sets the stages and replicas; fix: leave out {', '.join(given)}")
         if not os.path.isfile(args.plan):
             return [*problems, f"--plan {args.plan!r}: no such file"]
         try:
-            config = config_from_plan(args.plan, num_layers=num_layers, **_chosen(args))
+            config = config_from_plan(args.plan, num_layers=num_layers, model=model_identity(args),
+                                      **_chosen(args))
         except (OSError, ValueError, KeyError, TypeError) as error:
             return [*problems, f"--plan {args.plan!r}: {error}"]
         if args.batch_size < config.total_microbatches:
@@ -219,26 +213,36 @@ def layout_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def _chosen(args: argparse.Namespace) -> dict[str, Any]:
+def _chosen(args: RunConfig) -> dict[str, Any]:
     """The fields the options set when the run follows a plan (the plan's choices of
     schedule, micro-batches and checkpoint apply unless those options are given)."""
     fields = pipeline_fields(args)
     for name in ("num_stages", "replicas", "stages_per_rank"):
         fields.pop(name)
     for option, field in _PLAN_CHOOSES.items():
-        if option not in args.given:
+        if not args.given(option):
             fields.pop(field)
     return fields
 
 
-def run_config(args: argparse.Namespace, *, balance: list[int] | None = None) -> Any:
-    """The :class:`~pipetrain.api.config.PipelineConfig` of the run (``balance``: the cut
-    ``--balance auto`` found)."""
-    from pipetrain.api.config import PipelineConfig
-    from pipetrain.api.plan_config import config_from_plan
+def model_identity(args: RunConfig) -> dict[str, Any]:
+    """The identity of the run's GPT (what a plan's profile must describe), built on the
+    meta device."""
+    from pipetrain.cli.train_options import gpt_config
+    from pipetrain.models import gpt_layer_factories
+    from pipetrain.plan.profiler import identify_model
 
-    if args.plan is not None:
-        return config_from_plan(args.plan, num_layers=args.layers + 2, **_chosen(args))
-    if balance is None and args.balance not in (None, AUTO):
+    return identify_model(gpt_layer_factories(gpt_config(args), seed=args.seed), name="gpt")
+
+
+def run_config(args: RunConfig, *, balance: list[int] | None = None) -> Any:
+    """The :class:`~pipetrain.api.config.PipelineConfig` of the resolved run (a plan's
+    layout is in it already; ``balance``: the cut ``--balance auto`` found)."""
+    from pipetrain.api.config import PipelineConfig
+
+    if balance is None and args.balance is not None and args.balance != AUTO:
         balance = parse_balance(args.balance)
-    return PipelineConfig(**pipeline_fields(args), balance=balance)
+    fields = pipeline_fields(args)
+    if args.stage_replicas is not None:
+        fields |= {"replicas": 1, "stage_replicas": tuple(args.stage_replicas)}
+    return PipelineConfig(**fields, balance=balance)

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipetrain.cli.run_config import RunConfig
+
 __all__ = [
     "FLAGS",
     "MODEL_OPTIONS",
@@ -190,11 +192,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue the run in DIR (a run folder, or a checkpoint folder) from its checkpoint")
     add(data, "--sample-bytes", type=_count, default=300,
         help="bytes of text to sample at the end (default 300; 0 = none)")
+    add(data, "--config", default=None, metavar="FILE",
+        help="a TOML file of options (any option by name, e.g. steps = 2000 or [pipeline] "
+             "stages = 4); flags given here override it")
     add(data, "--timeout", type=_positive, default=300.0,
         help="seconds any wait may take, start-up included, before failing (default 300)")
 
 
-def stages_per_rank(args: argparse.Namespace) -> int:
+def stages_per_rank(args: RunConfig) -> int:
     """``--virtual``, or its default for the schedule (2 for interleaved-1f1b,
     looped-bfs, zb-v and dualpipe-v, else 1)."""
     from pipetrain.schedule import default_stages_per_rank
@@ -207,7 +212,7 @@ def stages_per_rank(args: argparse.Namespace) -> int:
         return 1
 
 
-def asynchronous(args: argparse.Namespace) -> bool:
+def asynchronous(args: RunConfig) -> bool:
     """Whether ``--schedule`` is an asynchronous schedule (pipedream, 2bw)."""
     from pipetrain.schedule import ASYNC_SCHEDULES, canonical_name
 
@@ -217,7 +222,7 @@ def asynchronous(args: argparse.Namespace) -> bool:
         return False
 
 
-def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
+def pipeline_fields(args: RunConfig) -> dict[str, Any]:
     """The :class:`~pipetrain.api.config.PipelineConfig` fields the options set (an
     asynchronous schedule clips nothing and applies every update: ``--clip`` and
     ``--nonfinite`` are refused with it, see :mod:`.train_checks`)."""
@@ -228,7 +233,7 @@ def pipeline_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {**_fields(args), "clip_grad_norm": clip, "vertical_sync": bool(args.vertical_sync)}
 
 
-def _fields(args: argparse.Namespace) -> dict[str, Any]:
+def _fields(args: RunConfig) -> dict[str, Any]:
     return {
         "schedule": args.schedule,
         "num_stages": args.stages,
@@ -262,14 +267,14 @@ def failure_bounds(timeout: float) -> dict[str, float]:
             "exit_when_stuck": min(20.0, max(2.0, timeout - heartbeat))}
 
 
-def pipeline_config(args: argparse.Namespace) -> Any:
+def pipeline_config(args: RunConfig) -> Any:
     """The :class:`~pipetrain.api.config.PipelineConfig` of the options."""
     from pipetrain.api.config import PipelineConfig
 
     return PipelineConfig(**pipeline_fields(args))
 
 
-def gpt_config(args: argparse.Namespace) -> Any:
+def gpt_config(args: RunConfig) -> Any:
     """The :class:`~pipetrain.models.GPTConfig` of the options."""
     from pipetrain.models import GPTConfig
 
@@ -278,7 +283,6 @@ def gpt_config(args: argparse.Namespace) -> Any:
                      tie_embeddings=not asynchronous(args))
 
 
-def recorded(args: argparse.Namespace, names: Sequence[str] = ()) -> dict[str, Any]:
-    """The options as a run folder records them (JSON-ready; no internal fields)."""
-    skip = {"run", "given", "command", "verbose", *names}
-    return {k: v for k, v in vars(args).items() if k not in skip}
+def recorded(args: RunConfig, names: Sequence[str] = ()) -> dict[str, Any]:
+    """The options as a run folder records them (JSON-ready), but ``names``."""
+    return {k: v for k, v in args.options().items() if k not in names}

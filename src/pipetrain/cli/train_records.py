@@ -81,6 +81,10 @@ class RunRecords:
         self.sample: str | None = None
         self.schedule: Callable[[], Schedule] | None = None
         """The schedule of a step (for the simulator's makespan in the summary)."""
+        self.sources: dict[str, str] = {}
+        """Where each option came from (``default``, ``command line``, ``plan``...)."""
+        self.command_line: list[str] = []
+        """The command line as typed."""
         self._lock = threading.RLock()
         self._written = time.monotonic()
         self.tensorboard = TensorBoardLog(out)
@@ -159,7 +163,8 @@ class RunRecords:
         """The whole ``metrics.json`` value."""
         return {
             "schema": METRICS_SCHEMA,
-            "config": {"args": self.options, "world_size": self.world_size},
+            "config": {"args": self.options, "sources": self.sources,
+                       "command_line": self.command_line, "world_size": self.world_size},
             "segments": self.segments,
             "steps": self.steps,
             "summary": self.summary(),
@@ -188,7 +193,7 @@ class RunRecords:
                                      title=f"{title}: measured step {step}")
             write_chrome_trace([t for _, t in self.traced], os.path.join(self.out, "trace.json"),
                                step_numbers=[n for n, _ in self.traced],
-                               metadata={"options": self.options})
+                               metadata={"options": self.options, "layout": title})
             written += ["timeline.png", "trace.json"]
         if pictures and render_loss(self.steps, os.path.join(self.out, "loss.png"), title=title):
             written.append("loss.png")

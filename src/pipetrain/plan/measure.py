@@ -34,6 +34,7 @@ __all__ = [
     "Timings",
     "last_level_cache_bytes",
     "median_time",
+    "relative_spread",
     "time_layer",
     "time_optimizer_step",
 ]
@@ -167,6 +168,22 @@ class Timings:
     backward: list[Sample] = field(default_factory=list)
     backward_input: list[Sample] = field(default_factory=list)
     backward_weight: list[Sample] = field(default_factory=list)
+
+
+def relative_spread(samples: list[Sample]) -> float:
+    """How much the repetitions disagree: the interquartile range of the wall times that
+    kept the CPU, over their median (0 with fewer than 4 samples, or a zero median).
+
+    Example:
+        >>> relative_spread([Sample(1.0), Sample(1.1), Sample(0.9), Sample(1.0), Sample(1.2)])
+        0.2
+    """
+    kept = [s.wall for s in samples if not s.preempted] or [s.wall for s in samples]
+    if len(kept) < 4:
+        return 0.0
+    low, _, high = statistics.quantiles(kept, n=4)
+    middle = statistics.median(kept)
+    return round((high - low) / middle, 3) if middle > 0 else 0.0
 
 
 def median_time(samples: list[Sample], *, digits: int) -> float:

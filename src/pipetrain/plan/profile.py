@@ -79,6 +79,11 @@ class LayerProfile:
     microbatch_backward_s: float | None = None
     microbatch_backward_input_s: float | None = None
     microbatch_backward_weight_s: float | None = None
+    spread: float | None = None
+    """How much the timed repetitions disagreed: the larger of the forward's and the
+    backward's interquartile range over their median (at the micro-batch size where
+    measured; None: not measured). Above about 0.2 the times are unreliable: profile
+    again on a quiet machine, or with more repetitions."""
     optimizer_step_s: float | None = None
     """Seconds of one step of the profile's optimizer over the layer's parameters (None:
     not measured); it does not depend on the batch size."""

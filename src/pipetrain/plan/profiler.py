@@ -91,6 +91,7 @@ from pipetrain.plan.measure import (
     Pass,
     Timings,
     median_time,
+    relative_spread,
     time_layer,
     time_optimizer_step,
 )
@@ -248,7 +249,9 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
         return time_layer(layer, value, device=settings.device, warmup=settings.warmup,
                           repetitions=settings.repetitions, loss_fn=loss_fn, target=target)
 
-    times = _times(timed(value, settings.targets[0])[0], has_weights, "")
+    measured = timed(value, settings.targets[0])[0]
+    times = _times(measured, has_weights, "")
+    spread = max(relative_spread(measured.forward), relative_spread(measured.backward))
     micro_output = None
     if micro_value is not None:
         try:
@@ -259,6 +262,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
                 f"{type(error).__name__}: {error}; fix: a larger microbatch_size"
             ) from error
         times |= _times(micro, has_weights, "microbatch_")
+        spread = max(relative_spread(micro.forward), relative_spread(micro.backward))
     trainable = [p for p in params if p.requires_grad]
     record = LayerProfile(
         name=str(index),
@@ -272,6 +276,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
             trainable, settings.optimizer, device=settings.device, warmup=settings.warmup,
             repetitions=settings.repetitions), digits=TIME_DIGITS),
         saved_bytes=memory.saved_bytes,
+        spread=spread,
         **times,
     )
     _logger.debug("profiled layer %d: %s", index, record)
