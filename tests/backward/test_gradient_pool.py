@@ -8,6 +8,7 @@ from torch import nn
 
 import pipetrain
 from pipetrain.backward.gradient_pool import GradientPool
+from pipetrain.runtime.cpu_tuning import ReusingGradientPool
 from pipetrain.runtime.stage import StageCompute
 
 
@@ -39,7 +40,7 @@ def test_lent_buffers_are_not_kept_by_default():
 
 def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
     w = _weight()
-    pool = GradientPool(reuse_dropped=True)
+    pool = ReusingGradientPool()
     w.grad = torch.ones(3, 3)
     pointer = w.grad.data_ptr()
     pool.lend(w, w.grad)
@@ -50,7 +51,7 @@ def test_a_lent_buffer_dropped_by_zero_grad_is_reused():
 
 def test_a_lent_buffer_the_user_still_holds_is_left_to_them():
     w = _weight()
-    pool = GradientPool(reuse_dropped=True)
+    pool = ReusingGradientPool()
     w.grad = torch.ones(3, 3)
     kept = w.grad
     pool.lend(w, w.grad)
@@ -61,7 +62,7 @@ def test_a_lent_buffer_the_user_still_holds_is_left_to_them():
 
 def test_a_lent_buffer_whose_memory_a_view_holds_is_left_alone():
     w = _weight()
-    pool = GradientPool(reuse_dropped=True)
+    pool = ReusingGradientPool()
     w.grad = torch.ones(3, 3)
     view = w.grad.view(9)
     pool.lend(w, w.grad)

@@ -1,4 +1,5 @@
-"""Stage workers: persistent threads; counted by the OpenMP runtime only when asked."""
+"""Stage workers: persistent threads; counted by the OpenMP runtime only when asked
+(``setup=join_openmp_count``, GPipe's ``throttle_openmp_spin=True``)."""
 
 import subprocess
 import sys
@@ -13,8 +14,9 @@ _SPIN_PROBE = textwrap.dedent(
     """
     import sys, time, torch
     if sys.argv[1] == "workers":
+        from pipetrain.runtime.cpu_tuning import join_openmp_count
         from pipetrain.runtime.workers import StageWorkers
-        workers = StageWorkers([torch.device("cpu")] * 2, throttle_openmp_spin=True)
+        workers = StageWorkers([torch.device("cpu")] * 2, setup=join_openmp_count)
     x = torch.randn(512, 512)  # torch's default: one intra-op thread per CPU
     burnt = []
     for _ in range(5):
@@ -66,10 +68,12 @@ def test_workers_asked_to_make_openmp_stop_spinning_after_the_callers_regions_do
 _THREADS_PROBE = textwrap.dedent(
     """
     import os, sys, torch
+    from pipetrain.runtime.cpu_tuning import join_openmp_count
     from pipetrain.runtime.workers import StageWorkers
     (torch.randn(256, 256) * 2).sum()  # the caller's own OpenMP team exists already
     before = len(os.listdir("/proc/self/task"))
-    workers = StageWorkers([torch.device("cpu")] * 2, throttle_openmp_spin=sys.argv[1] == "on")
+    workers = StageWorkers([torch.device("cpu")] * 2,
+                           setup=join_openmp_count if sys.argv[1] == "on" else None)
     workers.run([lambda: (torch.randn(256, 256) @ torch.randn(256, 256)).sum()] * 2)
     print(len(os.listdir("/proc/self/task")) - before, torch.get_num_threads())
     """

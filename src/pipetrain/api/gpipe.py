@@ -22,7 +22,6 @@ from torch import nn
 
 from pipetrain.api.local_step import LocalPipeline
 from pipetrain.api.random_streams import SessionRng
-from pipetrain.backward import GradientPool
 from pipetrain.batchnorm import DeferredBatchNorm
 from pipetrain.checkpoint import CHECKPOINT_MODES, checkpoint_stop
 from pipetrain.counts import whole_number
@@ -35,6 +34,7 @@ from pipetrain.frontend.pipelines import (
 from pipetrain.microbatch import split_batch
 from pipetrain.nested import iter_tensors
 from pipetrain.partition import split_module, verify_balance, verify_module
+from pipetrain.runtime.cpu_tuning import CpuTuning
 from pipetrain.runtime.executor import Placement, RankExecutor
 from pipetrain.runtime.precision import autocast_dtype
 from pipetrain.runtime.stage import StageCompute
@@ -176,13 +176,14 @@ class GPipe(nn.Module):
             page faults of fresh memory on the first backward of a step, but holds the
             gradients' size between steps). Off by default; when on, do not keep
             ``.detach()`` / ``.data`` aliases of a gradient across ``zero_grad()`` (see
-            :mod:`pipetrain.backward.gradient_pool`).
+            :class:`pipetrain.runtime.cpu_tuning.ReusingGradientPool`).
         throttle_openmp_spin: with partitions on the CPU, make GNU OpenMP count the
             stage workers among its threads, so that the idle OpenMP threads of the
             caller's parallel ops (its loss) sleep after a short spin instead of taking a
             core from the stages for milliseconds (faster steps on a small CPU). Off by
             default: it changes how every OpenMP thread of the process waits, the
-            caller's own parallel work included (see :mod:`pipetrain.runtime.workers`).
+            caller's own parallel work included (see
+            :func:`pipetrain.runtime.cpu_tuning.join_openmp_count`).
         mixed_precision: ``'bf16'`` or ``'fp16'``: every partition's forward (and the
             recomputation of its checkpointed micro-batches) runs under
             ``torch.autocast`` of its device with that dtype; parameters stay float32.
@@ -250,13 +251,8 @@ class GPipe(nn.Module):
                 raise
         module = cast(nn.Sequential, module)
         verify_skippables(module)
-        if isinstance(recompute_ahead, bool) or not isinstance(recompute_ahead, int) \
-                or recompute_ahead < 0:
-            raise ValueError(
-                f"recompute_ahead must be a non-negative integer, got {recompute_ahead!r}; "
-                "fix: recompute_ahead=0 (the default) adds no memory, recompute_ahead=1 "
-                "lets idle workers rebuild one micro-batch ahead"
-            )
+        CpuTuning(recompute_ahead=recompute_ahead, reuse_gradient_buffers=reuse_gradient_buffers,
+                  throttle_openmp_spin=throttle_openmp_spin)  # refuses a bad value now
         autocast = autocast_dtype(mixed_precision)
         num_chunks = _chunks(chunks)
         mode = str(checkpoint)  # like torchgpipe: any value whose str() is a mode
@@ -332,6 +328,11 @@ class GPipe(nn.Module):
                 else StreamTransport(streams, timeout=self.timeout)
             num = len(self.partitions)
             rng = SessionRng(list(self.partitions))
+            # the CPU tunings, for partitions on the CPU only (pipetrain.runtime.cpu_tuning)
+            cpu = CpuTuning(recompute_ahead=self.recompute_ahead,
+                            reuse_gradient_buffers=self.reuse_gradient_buffers,
+                            throttle_openmp_spin=self.throttle_openmp_spin) \
+                if any(d.type == "cpu" for d in self.devices) else None
             executors = []
             for j, (partition, device) in enumerate(zip(self.partitions, self.devices)):
                 stage = StageCompute(
@@ -345,15 +346,16 @@ class GPipe(nn.Module):
                     fuse_weight_gradients=self.fuse_weight_gradients,
                     autocast=self._autocast,
                 )
-                stage.gradient_pool = GradientPool(reuse_dropped=self.reuse_gradient_buffers)
+                if cpu is not None and device.type == "cpu":
+                    stage.gradient_pool = cpu.gradient_pool()
                 executors.append(
                     RankExecutor(rank=j, placement=Placement.single(range(num)), stages={j: stage},
                                  transport=transport)
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail,
-                                   throttle_openmp_spin=self.throttle_openmp_spin)
+                                   setup=None if cpu is None else cpu.worker_setup())
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
-                                        recompute_ahead=self.recompute_ahead, streams=streams)
+                                        cpu_tuning=cpu, streams=streams)
             weakref.finalize(self, self._local.close)
         return self._local
 

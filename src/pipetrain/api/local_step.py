@@ -22,6 +22,7 @@ from pipetrain.api.local_grads import merge_grads, rows, split_grad
 from pipetrain.api.random_streams import KEY_STRIDE, SessionRng
 from pipetrain.microbatch import merge_batches
 from pipetrain.nested import flatten, iter_tensors, unflatten
+from pipetrain.runtime.cpu_tuning import CpuTuning
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.runtime.streams import PipelineStreams
@@ -65,7 +66,7 @@ class LocalPipeline:
 
     def __init__(self, executors: Sequence[RankExecutor], workers: StageWorkers,
                  transport: ThreadTransport, *, rng: SessionRng | None = None,
-                 recompute_ahead: int | None = 1,
+                 cpu_tuning: CpuTuning | None = None,
                  streams: PipelineStreams | None = None) -> None:
         self.executors = list(executors)
         self.workers = workers
@@ -76,22 +77,16 @@ class LocalPipeline:
         self.rng = rng
         """the stages' random streams (None: stages draw from torch's generators as is)"""
         self._sessions = itertools.count()
-        self.sharing: RecomputeSharing | None = None
-        """idle CPU workers rebuild CPU stages' checkpointed micro-batches in backward,
-        while a stage holds at most ``1 + recompute_ahead`` graphs (None: each stage
-        recomputes its own)"""
         self._on_cpu = [j for j, e in enumerate(self.executors)
                         if all(s.device.type == "cpu" for s in e.stages.values())]
-        if recompute_ahead is not None and len(self._on_cpu) >= 2:
-            stages = [s for j in self._on_cpu for s in self.executors[j].stages.values()]
-            self.sharing = RecomputeSharing(
-                stages, transport.mailbox.condition, timeout=transport.timeout,
-                helpers=[workers.thread_ids[j] for j in self._on_cpu],
-                limit=1 + recompute_ahead,
-            )
-            for stage in stages:
-                stage.sharing = self.sharing
-            transport.idle = self.sharing.help
+        self.sharing: RecomputeSharing | None = None
+        """idle CPU workers rebuild CPU stages' checkpointed micro-batches in backward
+        (a CPU tuning: :meth:`~pipetrain.runtime.cpu_tuning.CpuTuning.share_recomputation`;
+        None: each stage recomputes its own)"""
+        if cpu_tuning is not None:
+            self.sharing = cpu_tuning.share_recomputation(
+                [s for j in self._on_cpu for s in self.executors[j].stages.values()],
+                helpers=[workers.thread_ids[j] for j in self._on_cpu], transport=transport)
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,

@@ -14,6 +14,10 @@ fewer than ``limit`` micro-batches' graphs (kept from forward, rebuilt, or in ba
 for room. The default limit, 2, is one micro-batch more than a stage that recomputes right
 before each backward holds (torchgpipe's peak).
 
+A CPU tuning: :class:`~pipetrain.runtime.cpu_tuning.CpuTuning` sets it up for the CPU
+partitions of a ``GPipe`` (``GPipe(recompute_ahead=...)`` sets ``limit - 1``); a pipeline
+on GPUs never uses it.
+
 Locking: every bookkeeping step runs under ``cond``, the condition of the transport's
 mailbox, so a worker waiting there for a message is also woken when work to help with
 appears, with no lost wake-up in between. Recomputations run without the lock.

@@ -6,9 +6,8 @@ of the CPU's intra-op threads, so stages run concurrently even when they share a
 the first step to :meth:`StageWorkers.close` (or the owner's garbage collection).
 
 Workers leave process-wide state as they found it (the caller's intra-op thread count
-is restored), unless asked to throttle OpenMP's spinning (``throttle_openmp_spin``,
-opt-in, see :func:`_join_openmp_count`): that changes how every OpenMP thread of the
-process waits, the caller's own included.
+is restored), unless their ``setup`` changes it (a CPU tuning such as
+:func:`pipetrain.runtime.cpu_tuning.join_openmp_count`, opt-in).
 """
 
 from __future__ import annotations
@@ -28,15 +27,15 @@ _STOP = object()
 
 def _worker_loop(
     tasks: queue.SimpleQueue[Any], device: torch.device, num_threads: int, ready: threading.Event,
-    throttle_openmp_spin: bool,
+    setup: Callable[[], None] | None,
 ) -> None:
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if num_threads > 0:
             torch.get_num_threads()  # torch sets a thread's count lazily, on first use: now
-            if throttle_openmp_spin:
-                _join_openmp_count()
+            if setup is not None:
+                setup()
             torch.set_num_threads(num_threads)
     finally:
         ready.set()
@@ -55,33 +54,14 @@ def _worker_loop(
         del item, future, function
 
 
-def _join_openmp_count() -> None:
-    """Make the OpenMP runtime count this worker among the process's threads.
-
-    GNU OpenMP keeps the threads of a finished parallel region spinning for a while
-    (about 8 ms here) in case another region follows, unless the process has more
-    OpenMP threads than CPUs: then it spins briefly and sleeps. Stage workers compute
-    outside OpenMP's view (one intra-op thread each), so after the caller's 2-thread
-    loss a spinning OpenMP thread would take a core from the stages for milliseconds.
-    Running one 2-thread region here leaves one sleeping OpenMP thread per worker, so the
-    count includes the workers and the runtime spins only as it does on a machine with
-    more threads than cores. That holds for the whole process: the caller's own parallel
-    regions then wake their threads from sleep (slower for many short regions), hence
-    opt-in.
-    """
-    torch.set_num_threads(2)
-    torch.ones(1 << 17).add_(1)  # large enough for an intra-op parallel region
-
-
 class StageWorkers:
     """One thread per stage; :meth:`run` gives each its task and waits for all of them.
 
     ``on_error`` is called with the first exception a task raises, before the other
     tasks are awaited: it must wake them (e.g. fail the transport's mailbox) so that a
-    failed stage never leaves its neighbours waiting. ``throttle_openmp_spin=True``
-    (opt-in, process-wide) makes GNU OpenMP count the CPU workers among its threads, so
-    that idle OpenMP threads sleep after a short spin instead of taking a core from the
-    workers for milliseconds after each parallel region (see :func:`_join_openmp_count`).
+    failed stage never leaves its neighbours waiting. ``setup`` runs on each CPU worker's
+    thread when it starts, before the worker sets its share of intra-op threads (a CPU
+    tuning: :meth:`pipetrain.runtime.cpu_tuning.CpuTuning.worker_setup`).
 
     Example:
         >>> workers = StageWorkers([torch.device("cpu")] * 2)
@@ -95,7 +75,7 @@ class StageWorkers:
         devices: Sequence[torch.device],
         *,
         on_error: Callable[[BaseException], None] | None = None,
-        throttle_openmp_spin: bool = False,
+        setup: Callable[[], None] | None = None,
     ) -> None:
         num_cpu = sum(1 for d in devices if d.type == "cpu")
         cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
@@ -110,7 +90,7 @@ class StageWorkers:
             thread = threading.Thread(
                 target=_worker_loop,
                 args=(tasks, device, cpu_threads if device.type == "cpu" else 0, ready[-1],
-                      throttle_openmp_spin),
+                      setup),
                 name=f"pipetrain-stage-{j}",
                 daemon=True,
             )
