@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipetrain.plan.candidates import (
     DEPTH_BUDGET,
@@ -129,9 +130,11 @@ class _Option:
 
 
 def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig,
-            effort: Effort | None = None) -> _Option | None:
+            effort: Effort | None = None, built: set[tuple[Any, ...]] | None = None
+            ) -> _Option | None:
     """The plan under ``schedule``; None when the schedule cannot run it or it does not
-    fit the memory limit. ``effort`` is charged for building its step's schedule."""
+    fit the memory limit. ``effort`` is charged for building its step's schedule unless
+    ``built`` holds it (the schedules are kept, :func:`step_schedule`)."""
     search, base = entry.search, entry.candidate
     candidate = Candidate(schedule=schedule, num_microbatches=base.num_microbatches,
                           checkpoint=base.checkpoint)
@@ -146,9 +149,12 @@ def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig,
         after -= r
     if config.memory_limit is not None and memory > config.memory_limit:
         return None
-    if effort is not None:
+    key = (schedule, candidate.num_microbatches, tuple(replicas))
+    if effort is not None and (built is None or key not in built):
         effort.charge(schedule_steps(replicas, candidate.num_microbatches),
                       what=f"building the {schedule} schedule of {sum(replicas):,} workers")
+        if built is not None:
+            built.add(key)
     try:
         bound = step_lower_bound(loads, replicas, candidate, bandwidth=search.level.bandwidth)
     except ValueError as error:
@@ -192,11 +198,13 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
     if not config.fewer_workers and config.topology.num_workers > most:
         raise ValueError(_too_many_workers(profile, config, most))
     effort.fix = (
-        "--fewer-workers (no program over exact worker counts), fewer --workers, fewer "
-        "micro-batch counts to try (--microbatches N), or --cost-model pipedream"
+        ("" if config.fewer_workers else "--fewer-workers (no program over exact worker "
+         "counts), ") + "fewer --workers, fewer micro-batch counts to try (--microbatches "
+        "with one or two values), or --cost-model pipedream"
     )
     found = searches(profile, config, effort=effort)
     options = []
+    built: set[tuple[Any, ...]] = set()
     for index, entry in enumerate(found):
         candidate = entry.candidate
         effort.task = (f"search {index + 1} of {len(found)} ({candidate.num_microbatches} "
@@ -204,7 +212,8 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
         for stages in entry.plans(fewer_workers=config.fewer_workers, exhaustive=exhaustive,
                                   depth_budget=depth_budget):
             for schedule in entry.schedules:
-                if (option := _option(entry, stages, schedule, config, effort)) is not None:
+                if (option := _option(entry, stages, schedule, config, effort,
+                                      built)) is not None:
                     options.append(option)
     options.sort(key=lambda option: option.bound)
     effort.task = f"simulating up to {len(options)} plans"
@@ -215,7 +224,7 @@ def plan_pipetrain(profile: Profile, config: PlannerConfig, *,
             break
         effort.tick(f"{simulated} simulated")
         effort.charge(schedule_steps([r for _, _, r in option.stages],
-                                     option.candidate.num_microbatches),
+                                     option.candidate.num_microbatches, built=True),
                       what=f"simulating a step on {sum(r for _, _, r in option.stages):,} workers")
         scored = _simulated(option)
         simulated += 1
@@ -273,18 +282,22 @@ def plan_for_layout(profile: Profile, balance: Sequence[int], replicas: Sequence
     return _plan(profile, best, config)
 
 
-def schedule_steps(replicas: Sequence[int], num_microbatches: int) -> int:
-    """About the steps (:mod:`pipetrain.plan.effort`) of building, validating and
-    simulating one step's schedule on ``replicas`` (per stage): some per action, and per
-    pair of ranks (a schedule's replica groups are checked against each other).
+def schedule_steps(replicas: Sequence[int], num_microbatches: int, *,
+                   built: bool = False) -> int:
+    """About the steps (:mod:`pipetrain.plan.effort`) of building and validating one
+    step's schedule on ``replicas`` (per stage): some per action, and some per pair of
+    ranks (replica groups are checked against each other); ``built``: of simulating it
+    once built (per action only).
 
     Example:
-        >>> schedule_steps([64] * 100, 64) > schedule_steps([1, 1], 8)
+        >>> schedule_steps([64] * 100, 64) > schedule_steps([64] * 100, 64, built=True)
         True
     """
     ranks = sum(replicas)
-    actions = 3 * len(replicas) * num_microbatches + 2 * ranks
-    return 40 * actions + ranks * ranks // 32
+    actions = 6 * len(replicas) * num_microbatches + 2 * ranks
+    if built:
+        return 25 * actions
+    return 125 * actions + ranks * ranks // 9
 
 
 def _beats(a: _Scored, b: _Scored) -> bool:
