@@ -100,7 +100,7 @@ def _switch_of(node: fx.Node, buffers: Collection[str]) -> tuple[Any, ...] | Non
     return None
 
 
-def route_mode_switches(graph: fx.Graph, buffers: Collection[str], owner: nn.Module) -> None:
+def route_mode_switches(graph: fx.Graph, *, buffers: Collection[str], owner: nn.Module) -> None:
     """Route ``graph``'s mode-dependent operations through :class:`ModeSwitch`
     submodules of ``owner`` (in place; operations that switch alike share one submodule,
     which takes ``owner``'s mode). ``buffers`` are the attribute names that are buffers
@@ -111,7 +111,7 @@ def route_mode_switches(graph: fx.Graph, buffers: Collection[str], owner: nn.Mod
         >>> x = graph.placeholder("x")
         >>> _ = graph.output(graph.call_function(torch.ops.aten.dropout.default, (x, 0.5, True)))
         >>> owner = nn.Module().eval()
-        >>> route_mode_switches(graph, (), owner)
+        >>> route_mode_switches(graph, buffers=(), owner=owner)
         >>> [(name, m.training) for name, m in owner.named_children()]
         [('pipetrain_mode_0', False)]
     """

@@ -37,11 +37,11 @@ _FIX = ("pass example_inputs of one micro-batch's size (the batch size divided b
         "Python loop over the batch)")
 
 
-def resized(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def resized(tensor: torch.Tensor, *, shape: tuple[int, ...]) -> torch.Tensor:
     """``tensor`` cut or repeated along each dim to ``shape`` (its values reused).
 
     Example:
-        >>> resized(torch.tensor([[1, 2, 3]]), (2, 2)).tolist()
+        >>> resized(torch.tensor([[1, 2, 3]]), shape=(2, 2)).tolist()
         [[1, 2], [1, 2]]
     """
     if any(d == 0 for d in tensor.shape):
@@ -105,7 +105,7 @@ def _shown(captured: CapturedGraph, sizes: Sizes) -> str:
     return ", ".join(f"{label} {shape}" for label, shape in zip(captured.binding.labels, sizes))
 
 
-def capture_at(model: nn.Module, sample: Mapping[str, Any], example: CapturedGraph,
+def capture_at(model: nn.Module, *, sample: Mapping[str, Any], example: CapturedGraph,
                sizes: Sizes) -> CapturedGraph:
     """``model`` captured on its example inputs ``sample`` resized to ``sizes`` (the
     shapes of the tensor inputs in graph order); ``example`` is the first capture.
@@ -118,7 +118,7 @@ def capture_at(model: nn.Module, sample: Mapping[str, Any], example: CapturedGra
     binding = example.binding
     found = dict(leaves_with_paths(named))
     for path, shape in zip(binding.slots, sizes):
-        named = _replaced(named, path, resized(found[path], shape))
+        named = _replaced(named, path, resized(found[path], shape=shape))
     reason = example.sizes.why_not(sizes)
     shown = _shown(example, sizes)
     try:
@@ -134,7 +134,7 @@ def capture_at(model: nn.Module, sample: Mapping[str, Any], example: CapturedGra
     return captured
 
 
-def matched_to(plan: UnitPlan, example: UnitPlan, *, model: nn.Module, sizes: Sizes) -> UnitPlan:
+def matched_to(plan: UnitPlan, *, example: UnitPlan, model: nn.Module, sizes: Sizes) -> UnitPlan:
     """``plan`` (a capture at ``sizes``) if it has the example's units, each reading no
     tensor the example's unit does not.
 

@@ -194,10 +194,11 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
                     if self._skeleton is None:
                         self._skeleton = meta_skeleton(self.model)
                     model = self._skeleton
-                captured = capture_at(model, self.sample, self.plan.captured, sizes)
+                captured = capture_at(model, sample=self.sample, example=self.plan.captured,
+                                      sizes=sizes)
                 units, _ = CapturedModel._cuts(self.model, captured, self.split_points,
                                                self.num_stages)
-                self.plans[sizes] = matched_to(plan_units(captured, units), self.plan,
+                self.plans[sizes] = matched_to(plan_units(captured, units), example=self.plan,
                                                model=self.model, sizes=sizes)
             return self.plans[sizes]
 

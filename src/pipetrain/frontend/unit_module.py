@@ -94,7 +94,7 @@ class CapturedUnit(nn.Module):
         if code is None:
             graph = unit_graph(self._graph_source.plan_for(sizes), self._unit_index)
             retarget_devices(graph, self._unit_device, captured_on=self._devices_at_capture)
-            route_mode_switches(graph, self._buffer_names, self)
+            route_mode_switches(graph, buffers=self._buffer_names, owner=self)
             graph.lint()
             where = "" if sizes is None else f" at {sizes}"
             code = _compile(graph, f"pipetrain unit {self._unit_index}{where} #{len(self._compiled)}")
