@@ -103,7 +103,10 @@ def test_a_frozen_peer_ends_the_run_in_time_and_the_history_is_kept(tmp_path: Pa
     metrics = _metrics(out)
     steps = [s["step"] for s in metrics["steps"]]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= before
-    assert metrics["stopped"]["reason"] == "error" and metrics["stopped"]["at_step"] == len(steps)
+    # the step in flight may have finished on the pipeline without its metrics (their
+    # gather failed): at most one step past the history
+    assert metrics["stopped"]["reason"] == "error"
+    assert len(steps) <= metrics["stopped"]["at_step"] <= len(steps) + 1
     assert "rank 1 stopped answering" in metrics["stopped"]["message"]
 
 

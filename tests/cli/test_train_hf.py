@@ -33,6 +33,14 @@ def test_hf_model_trains_and_the_loss_falls(tmp_path: Path, model: str) -> None:
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3  # from ~5.5 (uniform over bytes)
     assert (out / "checkpoint" / ".metadata").exists()
     assert (out / "sample.txt").exists()
+    # Bug: `pipetrain sample` rebuilt pipetrain's GPT for every run and crashed on these
+    # ("Missing key in checkpoint state_dict: model.layers.0.token.weight")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
+    sampled = subprocess.run([sys.executable, "-m", "pipetrain", "sample", str(out), "--bytes", "8"],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert sampled.stdout.startswith("def ") and len(sampled.stdout.rstrip("\n")) > 4
+    assert "Traceback" not in sampled.stderr
 
 
 def test_hf_model_refuses_a_layer_balance(tmp_path: Path) -> None:

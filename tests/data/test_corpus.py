@@ -55,7 +55,17 @@ def test_errors_name_the_path_and_the_fix(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="is empty"):
         load_corpus(empty)
-    with pytest.raises(ValueError, match="is a folder"):
-        load_corpus(tmp_path)
+    with pytest.raises(ValueError, match="holds no text file"):
+        load_corpus(tmp_path)  # only the empty file
     with pytest.raises(ValueError, match="max_bytes=0 must be a positive int"):
         load_corpus(max_bytes=0)
+
+
+def test_a_folder_is_its_text_files_in_path_order(tmp_path: Path) -> None:
+    (tmp_path / "b.txt").write_bytes(b"second")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.md").write_bytes(b"first")
+    (tmp_path / "image.bin").write_bytes(bytes(range(256)) * 4)  # not text: skipped
+    (tmp_path / ".hidden").write_bytes(b"secret")
+    assert load_corpus(tmp_path) == b"first\nsecond"
+    assert load_corpus(tmp_path, max_bytes=8) == b"first\nse"

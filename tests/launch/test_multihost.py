@@ -182,5 +182,5 @@ def test_a_network_partition_ends_both_sides_in_time_and_keeps_the_history(
     steps = [s["step"] for s in metrics["steps"]]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= before
     stopped = metrics["stopped"]
-    assert stopped["reason"] == "error" and stopped["at_step"] == len(steps)
+    assert stopped["reason"] == "error" and len(steps) <= stopped["at_step"] <= len(steps) + 1
     assert "stopped answering" in stopped["message"]

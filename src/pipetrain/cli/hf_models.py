@@ -17,9 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipetrain.cli.run_config import RunConfig
-from pipetrain.cli.train_options import stages_per_rank
-from pipetrain.data import TextDataset
-from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss, gpt_ties
 
 __all__ = [
     "HF_MODELS",
@@ -27,7 +24,6 @@ __all__ = [
     "build_hf_model",
     "hf_layout_problems",
     "hf_loss",
-    "pipeline_model",
 ]
 
 HF_MODELS = {"hf-gpt2": "transformer.h", "hf-llama": "model.layers"}
@@ -95,18 +91,3 @@ def hf_layout_problems(args: RunConfig) -> list[str]:
 def hf_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of a causal language model's output (``output.logits``)."""
     return F.cross_entropy(output.logits.flatten(0, 1), target.flatten())
-
-
-def pipeline_model(args: RunConfig, model_config: GPTConfig,
-                   dataset: TextDataset) -> tuple[Any, dict[str, Any]]:
-    """``Pipeline``'s model and its model arguments: the GPT's layers (``--model gpt``), or
-    a Hugging Face model to capture on a batch of the run's data, cut at its blocks (or
-    by the planner with ``--balance auto``)."""
-    if args.model == "gpt":
-        return gpt_layer_factories(model_config, seed=args.seed), {
-            "loss_fn": gpt_loss, "ties": gpt_ties(model_config)}
-    tokens, _ = dataset.batch(0, max(2, args.batch_size // args.microbatches))
-    splits = None if args.balance == "auto" else block_split_points(
-        args, args.stages * stages_per_rank(args))
-    return build_hf_model(args), {"loss_fn": hf_loss, "example_inputs": (tokens,),
-                                  "split_points": splits}

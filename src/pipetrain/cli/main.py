@@ -16,6 +16,7 @@ _COMMANDS = {
     "simulate": "pipetrain.cli.simulate",
     "sample": "pipetrain.cli.sample",
     "plan": "pipetrain.cli.plan",
+    "profile": "pipetrain.cli.profile",
 }
 
 
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, one sub-parser per command."""
     parser = argparse.ArgumentParser(
         prog="pipetrain",
-        description="Pipeline-parallel training in PyTorch: train, simulate schedules, sample.",
+        description="Pipeline-parallel training in PyTorch: train, profile, plan, simulate "
+                    "schedules, sample.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,7 +1,8 @@
 """``pipetrain sample RUN``: load a finished run's checkpoint in one process and sample text.
 
 The checkpoint was written by K stage processes; here it loads into a single-stage
-pipeline (checkpoints reshard to any number of stages).
+pipeline of the run's own model, whatever ``--model`` it trained (checkpoints reshard to
+any number of stages), and the run's tokenizer turns the prompt and the sample into text.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import os
 import sys
 from typing import Any
+
+from pipetrain.cli.run_config import RunConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -23,7 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "process and print generated text.")
     parser.add_argument("run_folder", metavar="RUN", help="the run folder of `pipetrain train`")
     parser.add_argument("--prompt", default="def ", help="text to continue (default 'def ')")
-    parser.add_argument("--bytes", type=int, default=300, help="how many bytes to generate")
+    parser.add_argument("--bytes", type=int, default=300,
+                        help="how many tokens to generate (bytes, for byte-level models)")
     parser.add_argument("--temperature", type=float, default=0.8,
                         help="sampling temperature: lower is more conservative, 0 always picks "
                              "the most likely byte (default 0.8)")
@@ -33,6 +37,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="seed of the sampling (default 0; the same seed gives the same text)")
     parser.set_defaults(run=run)
     return parser
+
+
+def _run_config(run_folder: str) -> RunConfig:
+    """The run's resolved options, as one process samples it (one stage)."""
+    from pipetrain.cli.train_resolve import saved_options
+
+    config = RunConfig()
+    saved = {k: v for k, v in saved_options(run_folder).items() if k in RunConfig.option_names()}
+    if saved.get("stage_replicas") is not None:
+        saved["stage_replicas"] = tuple(saved["stage_replicas"])
+    config.set("resumed run", **saved)
+    return config.replace("resumed run", stages=1, replicas=1, virtual=1, balance=None,
+                          plan=None, stage_replicas=None, schedule="1f1b", microbatches=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,33 +67,27 @@ def run(args: argparse.Namespace) -> int:
 
     from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
-    from pipetrain.data import ByteTokenizer
+    from pipetrain.cli.run_model import pipeline_model, run_dataset, sample_text
     from pipetrain.launch import free_port
-    from pipetrain.models import GPTConfig, generate, gpt_layer_factories, gpt_loss, gpt_ties
+    from pipetrain.models import GPTConfig
     from pipetrain.runtime.process_group import init_distributed
 
     with open(config_path) as f:
-        saved = json.load(f)
-    model = GPTConfig(**saved["model"])
+        model_config = GPTConfig(**json.load(f)["model"])
+    config = _run_config(args.run_folder)
+    dataset, tokenizer = run_dataset(config)
     context = init_distributed(rank=0, world_size=1, master_addr="127.0.0.1",
                                master_port=free_port(), backend="gloo")
     try:
-        pipe = Pipeline(gpt_layer_factories(model, seed=0), loss_fn=gpt_loss,
-                        optimizer=lambda p: torch.optim.AdamW(p), ties=gpt_ties(model),
+        model, arguments = pipeline_model(config, model_config, dataset,
+                                          vocab_size=tokenizer.vocab_size, num_stages=1)
+        pipe = Pipeline(model, **arguments, optimizer=lambda p: torch.optim.AdamW(p),
                         config=PipelineConfig(num_stages=1, num_microbatches=1), context=context)
         pipe.load(checkpoint)
-        tokenizer = ByteTokenizer()
-        prompt = tokenizer.encode(args.prompt)
-
-        def logits(ids: torch.Tensor) -> torch.Tensor:
-            output = pipe.eval_step(ids)
-            assert isinstance(output, torch.Tensor)
-            return output
-
-        tokens = generate(logits, prompt, num_tokens=args.bytes, temperature=args.temperature,
-                          top_k=args.top_k, generator=torch.Generator().manual_seed(args.seed),
-                          context=model.context)
-        sys.stdout.write(tokenizer.decode(tokens.reshape(-1)) + "\n")
+        text = sample_text(pipe, tokenizer, prompt=args.prompt, num_tokens=args.bytes,
+                           temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                           context=config.context)
+        sys.stdout.write(text + "\n")
         pipe.close()
     finally:
         dist.destroy_process_group()

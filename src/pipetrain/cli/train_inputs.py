@@ -99,7 +99,14 @@ def corpus_problem(args: RunConfig, *, context_fixed: bool = False) -> str | Non
     from pipetrain.data.corpus import DEFAULT_MAX_BYTES
 
     fraction = _val_fraction()
-    if args.data is not None:
+    if args.data is not None and os.path.isdir(args.data):
+        from pipetrain.data import load_corpus
+
+        try:
+            size = len(load_corpus(args.data, max_bytes=DEFAULT_MAX_BYTES))
+        except (OSError, ValueError):
+            return None  # the corpus's own check names it
+    elif args.data is not None:
         try:
             size = os.path.getsize(args.data)
         except OSError:
@@ -141,7 +148,8 @@ def hf_problem(args: RunConfig) -> str | None:
         >>> hf_problem(RunConfig(model="gpt")) is None
         True
     """
-    if not str(getattr(args, "model", "gpt")).startswith("hf-"):
+    model = str(args.model)
+    if not (model.startswith("hf-") or os.path.isdir(model)):
         return None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as the model's builder: never a download
     try:

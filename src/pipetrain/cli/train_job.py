@@ -25,19 +25,19 @@ from pipetrain.api.agreement import DisagreementError, refuse_disagreement
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
-from pipetrain.cli.hf_models import pipeline_model
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import new_run_problem, write_json
 from pipetrain.cli.run_lock import RunFolderBusy, RunLock
+from pipetrain.cli.run_model import RunTokenizer, pipeline_model, run_dataset, sample_text
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
 from pipetrain.cli.train_options import flag, gpt_config, recorded
 from pipetrain.cli.train_records import RunRecords
 from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
-from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
+from pipetrain.data import TextDataset
 from pipetrain.launch.local import LAUNCHED_ENV
-from pipetrain.models import GPTConfig, generate
+from pipetrain.models import GPTConfig
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.schedule import TimedAction
@@ -91,10 +91,11 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         lock = _agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
-        dataset = TextDataset(load_corpus(args.data), context=args.context, seed=args.seed)
+        dataset, tokenizer = run_dataset(args)
         if args.balance == AUTO and args.model == "gpt":
             args = agree_on_balance(args, model_config, dataset, device=context.device)
-        model, model_arguments = pipeline_model(args, model_config, dataset)
+        model, model_arguments = pipeline_model(args, model_config, dataset,
+                                                vocab_size=tokenizer.vocab_size)
         pipe = Pipeline(
             model,
             **model_arguments,
@@ -106,7 +107,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
             context=context,
         )
         try:
-            return _Run(pipe, args, dataset, model_config, resume, stop, verbose=verbose).run()
+            return _Run(pipe, args, dataset, tokenizer, model_config, resume, stop, verbose=verbose).run()
         finally:
             pipe.close()
     except BaseException as error:
@@ -163,9 +164,10 @@ class _Run:
     """One session of a run: load, train, stop or finish, write."""
 
     def __init__(self, pipe: Pipeline, args: RunConfig, dataset: TextDataset,
-                 model_config: GPTConfig, resume: Resume | None, stop: StopRequest, *,
-                 verbose: bool) -> None:
+                 tokenizer: RunTokenizer, model_config: GPTConfig, resume: Resume | None,
+                 stop: StopRequest, *, verbose: bool) -> None:
         self.pipe, self.args, self.dataset, self.model_config = pipe, args, dataset, model_config
+        self.tokenizer = tokenizer
         self.resume, self.stop, self.verbose = resume, stop, verbose
         self.rank = dist.get_rank()
         self.device = pipe.device if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -381,7 +383,7 @@ class _Run:
                                     "checkpoint_step": self.saved_step}
             self._pictures()
         try:
-            sample = _sample(self.pipe, self.args, self.model_config) if self.args.sample_bytes else None
+            sample = _sample(self.pipe, self.args, self.tokenizer) if self.args.sample_bytes else None
         except Exception as error:
             self._write_failure(error)
             raise RunStopped(
@@ -435,20 +437,9 @@ def _one_axis(gathered: list[tuple[float, list[TimedAction]]]) -> list[TimedActi
     ]
 
 
-def _sample(pipe: Pipeline, args: RunConfig, model_config: GPTConfig) -> str:
-    tokenizer = ByteTokenizer()
-    prompt = tokenizer.encode("def ")
-    generator = torch.Generator().manual_seed(args.seed)
-
-    def logits(ids: torch.Tensor) -> torch.Tensor:
-        output = pipe.eval_step(ids, broadcast=True)
-        output = getattr(output, "logits", output)  # a Hugging Face model's output
-        assert isinstance(output, torch.Tensor)
-        return output
-
-    tokens = generate(logits, prompt, num_tokens=args.sample_bytes, temperature=0.8, top_k=40,
-                      generator=generator, context=model_config.context)
-    return tokenizer.decode(tokens.reshape(-1))
+def _sample(pipe: Pipeline, args: RunConfig, tokenizer: RunTokenizer) -> str:
+    return sample_text(pipe, tokenizer, prompt="def ", num_tokens=args.sample_bytes,
+                       temperature=0.8, top_k=40, seed=args.seed, context=args.context)
 
 
 def _report(out: str, records: RunRecords, sample: str | None) -> None:

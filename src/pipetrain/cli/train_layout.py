@@ -182,10 +182,17 @@ def layout_problems(args: RunConfig) -> list[str]:
     from pipetrain.api.plan_config import config_from_plan
 
     problems: list[str] = []
-    if getattr(args, "model", "gpt") != "gpt":
-        from pipetrain.cli.hf_models import hf_layout_problems
+    if args.model != "gpt":
+        from pipetrain.cli.hf_models import HF_MODELS, hf_layout_problems
+        from pipetrain.cli.user_models import is_user_model, user_model_problems
 
-        return hf_layout_problems(args)
+        if args.model in HF_MODELS:
+            return hf_layout_problems(args)
+        if is_user_model(args.model):
+            return user_model_problems(args)
+        return [f"--model {args.model!r} is not gpt, hf-gpt2, hf-llama, a FILE.py:FUNCTION that "
+                "builds your model, or a Hugging Face model folder; fix: one of those "
+                "(see docs/user-models.md)"]
     num_layers = args.layers + 2
     if args.plan is not None:
         if args.given("balance"):

@@ -175,9 +175,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp32 (default), or mixed precision: bf16 or fp16 autocast in every stage, "
              "float32 weights; fp16 with a dynamic loss scale that skips overflowing steps")
     model = parser.add_argument_group("model")
-    add(model, "--model", default="gpt", choices=("gpt", "hf-gpt2", "hf-llama"),
-        help="pipetrain's GPT (default), or a Hugging Face GPT-2 / Llama, unmodified "
-             "(needs the [hf] extra)")
+    add(model, "--model", default="gpt", metavar="gpt|hf-gpt2|hf-llama|FILE.py:FUNCTION|FOLDER",
+        help="pipetrain's GPT (default); a Hugging Face GPT-2 / Llama, unmodified (needs the "
+             "[hf] extra); your own model: a Python file and the function in it that builds "
+             "it (FILE.py:FUNCTION), or a Hugging Face model folder on disk (docs/user-models.md)")
     add(model, "--layers", type=_positive_int, default=4, help="transformer blocks (default 4)")
     add(model, "--width", type=_positive_int, default=64, help="embedding width (default 64)")
     add(model, "--heads", type=_positive_int, default=4, help="attention heads (default 4)")

@@ -118,6 +118,22 @@ def _resumed(config: RunConfig, resume: Resume, given: dict[str, tuple[str, Any]
             resume.changes[name] = (old, new)
 
 
+def _anchored(name: str, value: Any) -> Any:
+    """A path the run records absolute, so that ``sample`` and ``--resume`` find it from
+    any folder: ``--data``, and a model file or folder."""
+    if name == "data" and isinstance(value, str):
+        return os.path.abspath(value)
+    if name == "model" and isinstance(value, str):
+        from pipetrain.cli.user_models import is_user_model
+
+        if is_user_model(value):
+            path, colon, function = value.rpartition(":")
+            if colon and path.endswith(".py"):
+                return f"{os.path.abspath(path)}:{function}"
+            return os.path.abspath(value)
+    return value
+
+
 def _schedule_file(config: RunConfig) -> None:
     """A schedule file's stages, micro-batches and stages per rank, where not given (a
     given one that differs is reported by the configuration's check, with its fix)."""
@@ -202,7 +218,7 @@ def resolve(args: argparse.Namespace, *, command_line: list[str] | None = None,
     if resume is not None:
         _resumed(config, resume, given, problems)
     for name, (source, value) in given.items():
-        config.set(source, **{name: value})
+        config.set(source, **{name: _anchored(name, value)})
     if resume is not None and resume.run_folder is not None and config.out is None:
         config.out = resume.run_folder
     _schedule_file(config)

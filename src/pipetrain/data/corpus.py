@@ -58,7 +58,9 @@ def load_corpus(
 ) -> bytes:
     """The first ``max_bytes`` bytes of the corpus (all of it when ``max_bytes`` is None).
 
-    ``path`` names a text file; without it the corpus is the standard library's source.
+    ``path`` names a text file, or a folder whose text files (recursively, in path order,
+    hidden ones skipped) are joined by newlines; without it the corpus is the standard
+    library's source.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (or, for the default corpus, this Python
@@ -109,9 +111,7 @@ def _load_file(path: Path, *, max_bytes: int | None) -> bytes:
             "or no path for the default corpus (the Python standard library's source)"
         )
     if path.is_dir():
-        raise ValueError(
-            f"corpus path {str(path)!r} is a folder: pass the path of a text file in it"
-        )
+        return _load_folder(path, max_bytes=max_bytes)
     with path.open("rb") as file:
         data = file.read(-1 if max_bytes is None else max_bytes)
     if not data:
@@ -124,6 +124,31 @@ def _load_file(path: Path, *, max_bytes: int | None) -> bytes:
             ".md file)"
         )
     return data
+
+
+def _load_folder(path: Path, *, max_bytes: int | None) -> bytes:
+    """The text files under folder ``path`` (recursively, in path order; hidden files and
+    files that are not text skipped), joined by newlines, up to ``max_bytes``."""
+    parts: list[bytes] = []
+    total = 0
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        if any(part.startswith(".") for part in file.relative_to(path).parts):
+            continue
+        with file.open("rb") as handle:
+            data = handle.read(-1 if max_bytes is None else max_bytes - total)
+        if not data or _not_text(data) is not None:
+            continue
+        parts.append(data)
+        total += len(data) + 1
+        if max_bytes is not None and total >= max_bytes:
+            break
+    if not parts:
+        raise ValueError(
+            f"corpus folder {str(path)!r} holds no text file: pass a folder of text files (e.g. "
+            ".py, .txt or .md files) or one such file"
+        )
+    joined = b"\n".join(parts)
+    return joined if max_bytes is None else joined[:max_bytes]
 
 
 def _not_text(data: bytes) -> str | None:

@@ -1,0 +1,135 @@
+"""``pipetrain profile``: measure every layer of a run's model into a profile file for
+``pipetrain plan``.
+
+It takes ``pipetrain train``'s options (so the same command line or ``--config`` file
+describes the run to profile and the run to train): the model (``--model``, its shape),
+the data, and the batch: each layer is timed at the micro-batch size the run will use
+(``--batch-size / (--replicas x --microbatches)``) and at one replica's batch, with each
+process's share of the cores as a worker of a ``--stages x --replicas`` run has it.
+Every layer is timed ``--repetitions`` times; the spread of those times is reported per
+layer, with a warning when it is large (a busy machine: profile again when it is quiet).
+The profile records the model's identity, so ``pipetrain train --plan`` refuses a plan
+made for another model.
+
+    pipetrain profile --layers 8 --width 256 --output profile.json
+    pipetrain plan --profile profile.json --workers 2 --bandwidth 1e9 --out plan.json
+    pipetrain train --layers 8 --width 256 --plan plan.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from pipetrain.cli.train_options import add_train_arguments
+
+__all__ = ["SPREAD_WARNING", "add_parser", "run"]
+
+SPREAD_WARNING = 0.2
+"""A layer whose repetitions spread more than this (relative) is reported as unreliable."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``profile`` on the ``pipetrain`` command."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "profile", help="measure every layer of a run's model for `pipetrain plan`",
+        description="Profile the model that `pipetrain train` with the same options would "
+                    "train (every train option is accepted; the model, data and batch ones "
+                    "matter) and write the profile for `pipetrain plan`.")
+    add_train_arguments(parser)
+    extra = parser.add_argument_group("profile")
+    extra.add_argument("--output", default="profile.json", metavar="FILE",
+                       help="the profile file to write (default profile.json)")
+    extra.add_argument("--repetitions", type=int, default=20,
+                       help="timed repetitions of each layer (default 20; their median counts)")
+    extra.add_argument("--device", default=None,
+                       help="the device to profile on (default: cuda if there is one, else cpu)")
+    extra.add_argument("--threads", type=int, default=None,
+                       help="intra-op threads (default: the cores a worker of the run gets: "
+                            "cores / (stages x replicas))")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _fail(problems: list[str]) -> int:
+    for problem in problems:
+        sys.stderr.write(f"pipetrain profile: error: {problem}\n")
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile the run's model; 2 with the problems on bad input."""
+    from pipetrain.cli.train_checks import prepare
+
+    config, _, problems = prepare(args)
+    problems = [p for p in problems if not p.startswith(("--out", "the default --out"))]
+    if args.repetitions < 3:
+        problems.append(f"--repetitions {args.repetitions} is too few to tell a spread; fix: "
+                        "--repetitions 20")
+    if problems:
+        return _fail(problems)
+    import torch
+
+    from pipetrain.cli.run_model import profile_inputs, run_dataset
+    from pipetrain.cli.train_options import gpt_config
+    from pipetrain.plan.profiler import profile_model
+
+    workers = config.num_workers
+    threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dataset, tokenizer = run_dataset(config)
+        layers, sample, loss_fn, targets = profile_inputs(
+            config, gpt_config(config), dataset, vocab_size=tokenizer.vocab_size)
+        rows = max(1, config.batch_size // config.replicas)
+        microbatch = max(1, rows // config.microbatches)
+        sys.stderr.write(f"profiling {len(layers)} layers at micro-batches of {microbatch} "
+                         f"(and batches of {rows}), {args.repetitions} repetitions, "
+                         f"{threads} thread(s)...\n")
+        profile = profile_model(layers, sample, microbatch_size=microbatch, loss_fn=loss_fn,
+                                target=targets, repetitions=args.repetitions,
+                                device=args.device)
+    finally:
+        torch.set_num_threads(before)
+    if config.model == "gpt":
+        from pipetrain.cli.train_layout import model_identity
+
+        profile = _with_model(profile, model_identity(config))
+    profile.save(args.output)
+    _report(profile, args.output)
+    return 0
+
+
+def _with_model(profile: Any, identity: dict[str, Any]) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(profile, model=identity)
+
+
+def _report(profile: Any, path: str) -> None:
+    lines = [f"{'layer':>5}  {'forward ms':>10}  {'backward ms':>11}  {'spread':>6}  what"]
+    unreliable = []
+    for layer in profile.layers:
+        forward = layer.microbatch_forward_s if layer.microbatch_forward_s is not None else layer.forward_s
+        backward = (layer.microbatch_backward_s if layer.microbatch_backward_s is not None
+                    else layer.backward_s)
+        spread = layer.spread or 0.0
+        if spread > SPREAD_WARNING:
+            unreliable.append((layer.name, spread))
+        lines.append(f"{layer.name:>5}  {forward * 1e3:10.3f}  {backward * 1e3:11.3f}  "
+                     f"{spread:6.0%}  {layer.description[:60]}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    summary = profile.model.get("summary", f"{profile.num_layers} layers")
+    sys.stdout.write(f"wrote {path}: {summary}, times at micro-batches of "
+                     f"{profile.microbatch_size} on {profile.device}\n")
+    if unreliable:
+        worst = max(s for _, s in unreliable)
+        names = ", ".join(name for name, _ in unreliable)
+        sys.stderr.write(
+            f"pipetrain profile: warning: the repetitions of layer(s) {names} spread by more than "
+            f"{SPREAD_WARNING:.0%} (up to {worst:.0%}): the machine was busy, and a plan from "
+            "these times may cut badly; profile again when it is quiet, or with more "
+            "--repetitions\n")

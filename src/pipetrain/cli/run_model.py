@@ -1,0 +1,120 @@
+"""The model and data of a run, whatever ``--model`` names: what ``pipetrain train``,
+``profile`` and ``sample`` build from a :class:`~.run_config.RunConfig`.
+
+- ``gpt``: pipetrain's GPT as layer factories (each rank builds only its layers);
+- ``hf-gpt2`` / ``hf-llama``: a Hugging Face model sized by the options (:mod:`.hf_models`);
+- ``FILE.py:FUNCTION`` / ``FOLDER``: a user's model (:mod:`.user_models`).
+
+Every model but ``gpt`` is captured into a graph on a batch of the run's data and cut
+into units by the frontend. The data is the corpus (``--data``, or the standard library's
+source) as bytes, or tokenized with a model folder's tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipetrain.cli.hf_models import HF_MODELS, block_split_points, build_hf_model, hf_loss
+from pipetrain.cli.run_config import RunConfig
+from pipetrain.cli.user_models import BYTE_VOCAB, build_user_model, is_user_model, load_tokenizer
+from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
+from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss, gpt_ties
+
+__all__ = ["RunTokenizer", "pipeline_model", "profile_inputs", "run_dataset", "sample_text"]
+
+
+class RunTokenizer:
+    """Text to token ids and back: bytes, or a Hugging Face tokenizer.
+
+    Example:
+        >>> tokenizer = RunTokenizer(None)
+        >>> tokenizer.decode(tokenizer.encode("def ")), tokenizer.vocab_size
+        ('def ', 256)
+    """
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf = hf_tokenizer
+        self.vocab_size = BYTE_VOCAB if hf_tokenizer is None else len(hf_tokenizer)
+
+    def encode(self, text: str | bytes) -> torch.Tensor:
+        """Token ids (int64, 1-D)."""
+        if self.hf is None:
+            return ByteTokenizer().encode(text)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return torch.tensor(self.hf(text)["input_ids"], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        """The text of ``ids``."""
+        if self.hf is None:
+            return ByteTokenizer().decode(ids)
+        return str(self.hf.decode(ids.tolist()))
+
+
+def run_dataset(config: RunConfig) -> tuple[TextDataset, RunTokenizer]:
+    """The run's dataset (a pure function of the step) and its tokenizer."""
+    tokenizer = RunTokenizer(load_tokenizer(config) if is_user_model(config.model) else None)
+    corpus = load_corpus(config.data)
+    data: bytes | torch.Tensor = corpus if tokenizer.hf is None else tokenizer.encode(corpus)
+    return TextDataset(data, context=config.context, seed=config.seed), tokenizer
+
+
+def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,
+                   vocab_size: int = BYTE_VOCAB, num_stages: int | None = None,
+                   ) -> tuple[Any, dict[str, Any]]:
+    """``Pipeline``'s model and its model arguments (``num_stages``: the model stages to
+    cut into; default: the run's). Captured models are captured on a micro-batch of the
+    run's data and cut at split points (theirs, or a Hugging Face model's blocks), by
+    ``--balance`` / ``--plan`` (in units), or by the planner."""
+    if config.model == "gpt":
+        return gpt_layer_factories(model_config, seed=config.seed), {
+            "loss_fn": gpt_loss, "ties": gpt_ties(model_config)}
+    stages = config.stages * config.stages_per_rank if num_stages is None else num_stages
+    tokens, _ = dataset.batch(0, max(2, config.batch_size // config.microbatches))
+    if config.model in HF_MODELS:
+        splits = None if config.balance == "auto" else block_split_points(config, stages)
+        return build_hf_model(config), {"loss_fn": hf_loss, "example_inputs": (tokens,),
+                                        "split_points": splits}
+    user = build_user_model(config, vocab_size=vocab_size)
+    cut = config.balance not in (None, "auto") or config.plan is not None
+    return user.model, {"loss_fn": user.loss_fn, "example_inputs": (tokens,),
+                        "split_points": None if cut or num_stages == 1 else user.split_points,
+                        "weights": user.weights}
+
+
+def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,
+                   vocab_size: int = BYTE_VOCAB) -> tuple[list[Any], Any, Any, Any]:
+    """What the profiler takes for the run's model: its layers (the GPT's factories, or a
+    captured model's units), the batch they run on, the loss and its targets."""
+    rows = max(1, config.batch_size // config.replicas)
+    tokens, targets = dataset.batch(0, rows)
+    if config.model == "gpt":
+        return list(gpt_layer_factories(model_config, seed=config.seed)), tokens, gpt_loss, targets
+    from pipetrain.frontend import CapturedModel
+
+    model, arguments = pipeline_model(config, model_config, dataset, vocab_size=vocab_size,
+                                      num_stages=1)
+    captured = CapturedModel.create(model, (tokens,), None, split_points=None, num_stages=1,
+                                    weights=arguments.get("weights"))
+    units = [captured.build(u, torch.device("cpu")) for u in range(len(captured))]
+    return units, captured.sample, arguments["loss_fn"], targets
+
+
+def sample_text(pipe: Any, tokenizer: RunTokenizer, *, prompt: str, num_tokens: int,
+                temperature: float, top_k: int, seed: int, context: int) -> str:
+    """``prompt`` continued by ``num_tokens`` tokens sampled from the pipeline's model
+    (every rank calls it; each gets the text)."""
+    from pipetrain.models import generate
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        output = pipe.eval_step(ids, broadcast=True)
+        output = getattr(output, "logits", output)  # a Hugging Face model's output
+        assert isinstance(output, torch.Tensor)
+        return output
+
+    tokens = generate(logits, tokenizer.encode(prompt), num_tokens=num_tokens,
+                      temperature=temperature, top_k=top_k,
+                      generator=torch.Generator().manual_seed(seed), context=context)
+    return tokenizer.decode(tokens.reshape(-1))

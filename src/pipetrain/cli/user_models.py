@@ -1,0 +1,172 @@
+"""A user's own model in ``pipetrain train``: ``--model FILE.py:FUNCTION`` or ``--model FOLDER``.
+
+``--model my_model.py:build`` imports the file and calls ``build``, passing those of
+``vocab_size`` (256: the corpus's bytes, unless a folder's tokenizer says otherwise),
+``context`` (``--context``) and ``seed`` (``--seed``; torch's generator is seeded with it
+first) that it takes. It returns the model: any ``nn.Module`` that maps token ids of shape
+``(batch, context)`` to logits of shape ``(batch, context, vocab_size)`` (or an output
+with ``.logits``, as Hugging Face models return), or a dict with the model under
+``"model"`` and, optionally, ``"loss"`` (``loss(output, targets)``, the mean loss of a
+micro-batch; default: cross-entropy of the logits) and ``"split_points"`` (module names
+where stages begin; default: the planner cuts)::
+
+    # my_model.py
+    from torch import nn
+
+    def build(vocab_size, context):
+        return nn.Sequential(nn.Embedding(vocab_size, 64), nn.Linear(64, 64), nn.GELU(),
+                             nn.Linear(64, vocab_size))
+
+``--model FOLDER`` is a Hugging Face model folder on disk (``config.json``, the weights
+as ``model.safetensors`` or sharded with an index, and its tokenizer files when it has
+them): the model is built on the meta device from its config and each rank loads only its
+stage's weights; with a tokenizer, ``--data`` is tokenized with it. Nothing is downloaded.
+The model is captured and cut like ``--model hf-gpt2`` (see ``docs/frontend.md``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["UserModel", "build_user_model", "is_user_model", "lm_loss", "load_tokenizer",
+           "user_model_problems"]
+
+BYTE_VOCAB = 256
+"""The vocabulary of the byte-level corpus."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def is_user_model(spec: str) -> bool:
+    """Whether ``--model`` names a user's model (a ``FILE.py:FUNCTION`` or a folder).
+
+    Example:
+        >>> is_user_model("gpt"), is_user_model("models/net.py:build")
+        (False, True)
+    """
+    return _file_and_function(spec) is not None or os.path.isdir(spec)
+
+
+def _file_and_function(spec: str) -> tuple[str, str] | None:
+    path, colon, function = spec.rpartition(":")
+    if colon and path.endswith(".py") and function.isidentifier():
+        return path, function
+    return None
+
+
+def lm_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a language model's logits (``output`` itself or ``output.logits``)
+    against the next tokens: the mean over the micro-batch's tokens."""
+    logits = getattr(output, "logits", output)
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+
+@dataclass
+class UserModel:
+    """A user's model and how to train it."""
+
+    model: nn.Module
+    loss_fn: Any
+    split_points: list[str] | None = None
+    weights: str | None = None
+    """A folder to load the weights from, stage by stage (a meta-device model)."""
+
+
+def user_model_problems(config: Any) -> list[str]:
+    """What is wrong with ``--model`` naming a user's model (each with the fix), looking
+    only at files: the file and its function exist, the folder holds a config."""
+    spec = config.model
+    problems = []
+    found = _file_and_function(spec)
+    if found is not None:
+        path, function = found
+        if not os.path.isfile(path):
+            problems.append(f"--model {spec!r}: no file {path!r}; fix: the path of a Python file "
+                            "and the function in it that builds the model, e.g. my_model.py:build")
+        else:
+            with open(path, encoding="utf-8", errors="replace") as file:
+                text = file.read()
+            if f"def {function}(" not in text and f"{function} =" not in text:
+                problems.append(f"--model {spec!r}: {path!r} defines no {function!r}; fix: "
+                                f"--model {path}:NAME with the function that builds the model")
+    elif os.path.isdir(spec) and not os.path.isfile(os.path.join(spec, "config.json")):
+        problems.append(f"--model {spec!r} is a folder without config.json; fix: the folder of a "
+                        "Hugging Face model (config.json and its weights), or FILE.py:FUNCTION")
+    for option in ("layers", "width", "heads", "dropout"):
+        if config.given(option):
+            problems.append(f"--{option} sets the shape of pipetrain's own models; --model {spec} "
+                            f"defines its own; fix: leave out --{option}")
+    return problems
+
+
+def load_tokenizer(config: Any) -> Any:
+    """The tokenizer of a model folder that has one, else None (the corpus's bytes)."""
+    folder = config.model
+    if not os.path.isdir(folder) or not any(
+            os.path.isfile(os.path.join(folder, name)) for name in _TOKENIZER_FILES):
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def _call_builder(spec: str, config: Any, vocab_size: int) -> Any:
+    found = _file_and_function(spec)
+    assert found is not None
+    path, function = found
+    name = f"pipetrain_user_model_{abs(hash(os.path.abspath(path)))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"--model {spec!r}: {path!r} cannot be imported as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    builder = getattr(module, function, None)
+    if not callable(builder):
+        raise ValueError(f"--model {spec!r}: {path!r} has no function {function!r}")
+    offered = {"vocab_size": vocab_size, "context": config.context, "seed": config.seed}
+    accepted = inspect.signature(builder).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    torch.manual_seed(config.seed)  # every rank builds the same weights
+    return builder(**{k: v for k, v in offered.items() if takes_all or k in accepted})
+
+
+def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
+    """The model ``--model`` names, built alike on every rank.
+
+    Raises:
+        ValueError: the builder returned something else than a model (or a dict with one).
+        RuntimeError: a folder needs transformers, which is not installed.
+    """
+    spec = config.model
+    if os.path.isdir(spec):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import transformers
+        except ImportError:
+            raise RuntimeError(f"--model {spec!r} is a Hugging Face folder, which needs "
+                               "transformers; fix: pip install -c constraints.txt -e '.[hf]'") from None
+        hf_config = transformers.AutoConfig.from_pretrained(spec, local_files_only=True)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf_config)  # type: ignore[no-untyped-call]
+        has_weights = any(name.endswith(".safetensors") for name in os.listdir(spec))
+        return UserModel(model=model, loss_fn=lm_loss, weights=spec if has_weights else None)
+    built = _call_builder(spec, config, vocab_size)
+    parts = built if isinstance(built, dict) else {"model": built}
+    model = parts.get("model")
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"--model {spec!r} returned {type(model).__name__}, not an nn.Module; fix: return the "
+            "model, or a dict {'model': model, 'loss': loss_fn, 'split_points': [...]}")
+    split_points = parts.get("split_points")
+    return UserModel(model=model, loss_fn=parts.get("loss") or lm_loss,
+                     split_points=None if split_points is None else list(split_points))
