@@ -168,3 +168,19 @@ def test_pipetrain_table_shows_its_choices(tmp_path: Path, capsys: pytest.Captur
     assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
                  "--schedule", "interleaved-1f1b"]) == 2
     assert "schedule 'interleaved-1f1b' cannot be planned" in capsys.readouterr().err
+
+
+def test_a_hierarchical_topology_is_planned_by_default(graph_file: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Bug: the README's `--workers 8 4 --bandwidth 300e9 25e9` failed with the default cost
+    model ('plans one-level topologies'); the default now plans it with PipeDream's
+    hierarchical planner, and says so."""
+    assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2", "--bandwidth",
+                 "300e9", "25e9", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["cost_model"] == "pipedream"
+    assert "planned with the pipedream cost model" in captured.err
+    # a pipetrain-only choice keeps the pipetrain model, which names the problem
+    assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2", "--bandwidth",
+                 "300e9", "25e9", "--schedule", "1f1b"]) == 2
+    assert "plans one-level topologies" in capsys.readouterr().err

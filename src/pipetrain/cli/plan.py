@@ -69,9 +69,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cost-model",
-        default=DEFAULT_COST_MODEL,
+        default=None,
         metavar="NAME",
-        help=f"one of {', '.join(COST_MODEL_NAMES)} (default {DEFAULT_COST_MODEL})",
+        help=f"one of {', '.join(COST_MODEL_NAMES)} (default: {DEFAULT_COST_MODEL} on one-level "
+             "topologies, which it plans with the schedule, micro-batches and checkpoint mode; "
+             "pipedream, PipeDream's hierarchical planner, on several levels)",
     )
     parser.add_argument(
         "--schedule",
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         )
         config = PlannerConfig(
             topology=topology,
-            cost_model=args.cost_model,
+            cost_model=_cost_model(args, topology),
             memory_limit=args.memory,
             straight=args.straight,
             fewer_workers=args.fewer_workers,
@@ -155,6 +157,22 @@ def run(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def _cost_model(args: argparse.Namespace, topology: Topology) -> str:
+    """``--cost-model``, or the default for the topology: the pipetrain cost model plans
+    one-level topologies; several levels go to PipeDream's hierarchical planner (said on
+    stderr), unless a pipetrain-only choice was asked for (then the planner names it)."""
+    if args.cost_model is not None:
+        return str(args.cost_model)
+    chose = args.schedule or args.microbatches or args.checkpoint
+    if topology.num_levels > 1 and not chose:
+        sys.stderr.write(
+            f"pipetrain plan: note: {topology.num_levels} levels of workers: planned with the "
+            "pipedream cost model (PipeDream's hierarchical planner; the pipetrain cost model "
+            "plans one level)\n")
+        return "pipedream"
+    return DEFAULT_COST_MODEL
 
 
 def _progress(line: str) -> None:

@@ -100,7 +100,8 @@ def render_plan(plan: Plan) -> str:
     if speedups:
         lines.append("speedup: " + ", ".join(speedups))
     lines.append(
-        f"workers used: {plan.workers_used} of {plan.num_workers}; {plan.num_stages} stages"
+        f"workers used: {plan.workers_used} of {plan.num_workers}; {plan.num_stages} "
+        f"stage{'s' * (plan.num_stages != 1)}"
     )
     memory = [s.memory_per_worker for s in plan.stages if s.memory_per_worker is not None]
     if memory:
@@ -109,7 +110,8 @@ def render_plan(plan: Plan) -> str:
     if plan.schedule is not None:
         per = " per replica of stage 0" if plan.stages[0].replicas > 1 else ""
         lines.append(
-            f"schedule: {plan.schedule}, {plan.num_microbatches} micro-batches{per}"
+            f"schedule: {plan.schedule}, {plan.num_microbatches} "
+            f"micro-batch{'es' * (plan.num_microbatches != 1)}{per}"
             + (f", checkpoint {plan.checkpoint}" if plan.checkpoint else "")
             + f" (chosen by the {plan.cost_model} cost model)"
         )
@@ -117,6 +119,7 @@ def render_plan(plan: Plan) -> str:
         in_flight = -(-plan.workers_used // plan.stages[0].replicas)
         lines.append(
             "schedule: not chosen by the plan (the pipedream cost model predicts PipeDream's "
-            f"1F1B with weight stashing, {in_flight} minibatches in flight at the input stage)"
+            f"1F1B with weight stashing, {in_flight} minibatch{'es' * (in_flight != 1)} in flight "
+            "at the input stage)"
         )
     return "\n".join(lines)
