@@ -141,3 +141,11 @@ def test_a_failing_probe_turns_the_fused_path_off_saying_why(
     with caplog.at_level(logging.WARNING, logger="pipetrain.compat"):
         assert compat._decide(compat.OLDEST_TORCH) is False
     assert "_saved_mat1" in caplog.text
+
+
+def test_meta_models_are_exported_on_meta_inputs_before_torch_2_13() -> None:
+    assert compat.export_meta_models_on_meta_inputs((2, 11))
+    assert compat.export_meta_models_on_meta_inputs((2, 12))
+    assert not compat.export_meta_models_on_meta_inputs((2, 13))
+    assert not compat.export_meta_models_on_meta_inputs((2, 15))
+    assert compat.export_meta_models_on_meta_inputs() == (compat.torch_version() < (2, 13))

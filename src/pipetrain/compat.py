@@ -5,7 +5,9 @@ declares the same range). Code that depends on the installed release, or that re
 name torch does not promise to keep, lives in this module and nowhere else, so that a
 torch upgrade has one place to check (``docs/runtime.md`` lists every such name).
 
-Today that is the fused backward's view of autograd's graph (:mod:`pipetrain.backward`):
+Today that is whether torch.export traces a meta-device model with example inputs on
+another device (:func:`export_meta_models_on_meta_inputs`), and the fused backward's
+view of autograd's graph (:mod:`pipetrain.backward`):
 which node is the GEMM of a linear layer, the input autograd saved for it, and whether a
 parameter carries Python hooks. Torch exposes these only through private attributes
 (``grad_fn._saved_mat1``, ``Tensor._backward_hooks``) and generated node names
@@ -31,6 +33,7 @@ __all__ = [
     "NEWEST_TORCH",
     "OLDEST_TORCH",
     "GemmNode",
+    "export_meta_models_on_meta_inputs",
     "fused_gemm_supported",
     "gemm_node",
     "has_grad_hooks",
@@ -60,6 +63,19 @@ def torch_version(text: str | None = None) -> tuple[int, int]:
     if found is None:
         raise ValueError(f"not a torch version: {text!r} (expected e.g. '2.13.0')")
     return int(found[1]), int(found[2])
+
+
+def export_meta_models_on_meta_inputs(version: tuple[int, int] | None = None) -> bool:
+    """Whether ``torch.export`` must be given a model built on the meta device with its
+    example inputs on the meta device too (torch before 2.13: its fake tensors refuse an
+    operation that mixes meta parameters with CPU inputs, "Unhandled FakeTensor Device
+    Propagation ... found two different devices meta, cpu"). Default: the installed torch.
+
+    Example:
+        >>> export_meta_models_on_meta_inputs((2, 11)), export_meta_models_on_meta_inputs((2, 13))
+        (True, False)
+    """
+    return (torch_version() if version is None else version) < (2, 13)
 
 
 @dataclass(frozen=True)

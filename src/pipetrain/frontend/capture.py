@@ -37,10 +37,11 @@ from torch import fx, nn
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from pipetrain.compat import export_meta_models_on_meta_inputs
 from pipetrain.frontend.errors import CaptureError, explain_capture_error
 from pipetrain.frontend.inputs import InputBinding, dynamic_dims, leaves_with_paths
 from pipetrain.frontend.sizes import InputSizes
-from pipetrain.nested import describe_value
+from pipetrain.nested import describe_value, map_tensors
 
 __all__ = ["CONSTANT_PREFIX", "CapturedGraph", "capture"]
 
@@ -95,6 +96,9 @@ def _tensor_inputs_only(model: nn.Module, names: list[str],
 
 def _export(model: nn.Module, named: dict[str, Any], *, dynamic: bool) -> ExportedProgram:
     inputs = {name: value for name, value in named.items() if _holds_tensor(value)}
+    if export_meta_models_on_meta_inputs() and any(
+            t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        inputs = map_tensors(lambda t: t.to("meta"), inputs)  # older torch: see pipetrain.compat
     constants = {name: value for name, value in named.items() if name not in inputs}
     shapes = dynamic_dims(inputs) if dynamic else None
     with _tensor_inputs_only(model, list(inputs), constants):
