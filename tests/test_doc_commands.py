@@ -147,7 +147,8 @@ def _reduced(argv: list[str], index: int) -> list[str]:
     extra = list(_SMALL_RUN)
     if "--model" not in argv and "--config" not in argv:
         extra += _SMALL_MODEL
-    if "--plan" not in argv:
+    schedule_file = "--schedule" in argv and argv[argv.index("--schedule") + 1].endswith(".txt")
+    if "--plan" not in argv and not schedule_file:  # a plan or schedule file sets them
         extra += ["--microbatches", "2"]
     if argv[0] == "train" and "--out" not in argv:
         extra += ["--out", f"run-{index}"]
