@@ -60,11 +60,7 @@ class RunLock:
         except OSError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise RunFolderBusy(
-                f"the run folder {self.folder!r} is in use by another pipetrain train job "
-                f"({_describe(holder)}); two jobs would overwrite each other's checkpoint. "
-                f"Fix: wait for it to end (or stop it: Ctrl-C saves), then --resume {self.folder}"
-            ) from None
+            raise RunFolderBusy(self._busy(holder)) from None
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": datetime.datetime.now().isoformat(timespec="seconds"),
                   "command": " ".join(["pipetrain", *sys.argv[1:]])[:300]}
@@ -81,16 +77,26 @@ class RunLock:
             >>> RunLock("/nonexistent/run").busy() is None
             True
         """
+        import fcntl
+
         if self._fd is not None or not os.path.isfile(self.path):
             return None
         try:
-            self.acquire()
-        except RunFolderBusy as error:
-            return str(error)
+            fd = os.open(self.path, os.O_RDWR)
         except OSError:
             return None
-        self.release()
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return self._busy(_read_holder(fd))
+        finally:
+            os.close(fd)  # also lets go of the probe's lock; the file is left as it was
         return None
+
+    def _busy(self, holder: dict[str, Any]) -> str:
+        return (f"the run folder {self.folder!r} is in use by another pipetrain train job "
+                f"({_describe(holder)}); two jobs would overwrite each other's checkpoint. "
+                f"Fix: wait for it to end (or stop it: Ctrl-C saves), then --resume {self.folder}")
 
     def release(self) -> None:
         """Let go of the lock (the file stays)."""
