@@ -203,3 +203,34 @@ def test_a_hugging_face_folder_with_its_tokenizer_trains_and_samples(tmp_path: P
     assert 5.4 < metrics["steps"][0]["loss"] < 6.2
     sampled = _ok(_pipetrain("sample", "run", "--bytes", "4", cwd=tmp_path))
     assert sampled.stdout.startswith("def")
+
+
+def test_start_up_says_what_it_does_and_a_slow_precision_is_named(tmp_path: Path) -> None:
+    """A new user saw ~20 s of blank screen, and bf16 ran 7.6x slower on this CPU without a
+    word: the launcher's first line comes at once, then each phase; a precision slower than
+    fp32 here is named with the fix."""
+    import time
+
+    from pipetrain.cli.precision_probe import precision_slowdown
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipetrain", "train", *SHAPE, *QUIET, "--batch-size", "4",
+         "--microbatches", "2", "--steps", "2", "--precision", "fp16", "--out", "run"],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert process.stderr is not None
+    began = time.monotonic()
+    first = process.stderr.readline()
+    waited = time.monotonic() - began
+    rest = process.stderr.read()
+    assert process.wait(timeout=300) == 0, rest[-3000:]
+    lines = [first, *rest.splitlines()]
+    slower = precision_slowdown("fp16", width=16, context=16, heads=2) > 1.2
+    assert waited < 20  # the interpreter and torch import first: no training before it
+    assert any(line.startswith("pipetrain train: starting 2 workers (1f1b, 2 stages x 1 replica, "
+                               "2 micro-batches) into run") for line in lines), lines
+    assert any("2 workers joined; building the model" in line for line in lines)
+    assert any("pipeline ready" in line for line in lines)
+    if slower:  # fp16 on a CPU: 8-26x slower here
+        warning = next(line for line in lines if "--precision fp16 is slower than fp32" in line)
+        assert "--precision fp32 trains faster on this machine" in warning

@@ -88,6 +88,14 @@ def run(args: argparse.Namespace) -> int:
         for name in list(logging.root.manager.loggerDict):
             if name.startswith("torch.distributed.elastic"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
+    from pipetrain.cli.precision_probe import precision_warning
+
+    slower = precision_warning(config)
+    if slower is not None:
+        sys.stderr.write(f"pipetrain train: warning: {slower}\n")
+    sys.stderr.write(f"pipetrain train: starting {config.num_workers} worker"
+                     f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
+    sys.stderr.flush()
     argv = _argv_with_out(sys.argv[1:], out)
     started = time.time()
     try:

@@ -89,6 +89,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
     try:
         _agree_on_options(args)
         lock = _agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
+        _phase(f"{dist.get_world_size()} workers joined; building the model and its pipeline")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
@@ -106,6 +107,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
             config=run_config(args),
             context=context,
         )
+        _phase(f"pipeline ready ({args.describe()})")
         try:
             return _Run(pipe, args, dataset, tokenizer, model_config, resume, stop, verbose=verbose).run()
         finally:
@@ -118,6 +120,13 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
     finally:
         if dist.is_initialized() and not peers_lost:
             dist.destroy_process_group()
+
+
+def _phase(text: str) -> None:
+    """One line of start-up feedback, on rank 0."""
+    if dist.get_rank() == 0:
+        sys.stderr.write(f"pipetrain train: {text}\n")
+        sys.stderr.flush()
 
 
 _PER_HOST = ("timeout", "out", "config")
