@@ -1,0 +1,16 @@
+"""``pipetrain bench``: the benchmark suite, every figure the docs show, measured against
+the anchors in the same run.
+
+A benchmark is a *case* (:mod:`.case`): a module under :mod:`pipetrain.bench.cases` with a
+``CASE`` object that runs at full or ``--quick`` size and returns a :class:`~.case.BenchResult`
+(tables of pipetrain's figures beside the anchors' and the papers', plots, raw data).
+:mod:`.registry` lists them; :mod:`.suite` runs any subset and writes one JSON file per
+case (and its PNGs) into ``--out``; :mod:`.docs` regenerates the tables in
+``docs/benchmarks.md`` from those files.
+"""
+
+from __future__ import annotations
+
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+
+__all__ = ["BenchContext", "BenchResult", "Case", "Table"]

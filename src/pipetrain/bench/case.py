@@ -1,0 +1,101 @@
+"""What a benchmark case is: its settings in, its tables, plots and data out.
+
+Example (a case module, ``pipetrain/bench/cases/example.py``)::
+
+    from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+
+    def run(context: BenchContext) -> BenchResult:
+        reps = 5 if context.quick else 30
+        context.progress(f"timing {reps} repetitions")
+        ...
+        table = Table(title="GPipe vs torchgpipe", columns=["model", "pipetrain", "torchgpipe", "ratio"],
+                      rows=[["MLP", "39.7 ms", "56.1 ms", "1.41x"]],
+                      anchor="torchgpipe 0.0.7, same process kind, interleaved")
+        return BenchResult(tables=[table], data={"ratio": 1.41})
+
+    CASE = Case(name="example", title="An example", run=run, quick_seconds=20, full_seconds=120)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BenchContext", "BenchResult", "Case", "Table"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """One table of a case: pipetrain's figures beside the anchors' (and the paper's).
+
+    ``anchor`` says what the figures are compared with, measured in the same run (or the
+    paper and where its figure is from); ``notes`` says where and why they differ.
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    anchor: str = ""
+    notes: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": self.columns, "rows": self.rows,
+                "anchor": self.anchor, "notes": self.notes}
+
+    def markdown(self) -> str:
+        """The table as Markdown (with its anchor and notes below it).
+
+        Example:
+            >>> print(Table(title="t", columns=["a", "b"], rows=[[1, 2.5]]).markdown())
+            | a | b |
+            |---|---|
+            | 1 | 2.5 |
+        """
+        lines = ["| " + " | ".join(self.columns) + " |",
+                 "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in self.rows]
+        extra = [text for text in (self.anchor and f"Anchor: {self.anchor}.", self.notes) if text]
+        return "\n".join(lines + (["", *extra] if extra else []))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+@dataclass(kw_only=True)
+class BenchResult:
+    """What a case returns: its tables, the PNGs it wrote (file names in the output
+    folder) and its raw data (JSON-ready)."""
+
+    tables: list[Table]
+    plots: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchContext:
+    """A case's settings: the size (``quick``), the folder it writes plots into, and how
+    to say what it is doing (one line per step, on stderr)."""
+
+    quick: bool
+    out: Path
+    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)  # noqa: T201
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """A benchmark: its name (``pipetrain bench NAME``), a title, the function that runs
+    it, and its expected duration on a 2-core CPU (seconds, quick and full)."""
+
+    name: str
+    title: str
+    run: Callable[[BenchContext], BenchResult]
+    quick_seconds: float
+    full_seconds: float
+    needs: tuple[str, ...] = ()
+    """Optional packages it needs (``torchgpipe``...); missing ones skip it, with the reason."""

@@ -1,0 +1,1 @@
+"""The benchmark cases of ``pipetrain bench``, one module each (see :mod:`pipetrain.bench.registry`)."""
