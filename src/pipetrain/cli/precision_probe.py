@@ -25,7 +25,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def _block_step(x: torch.Tensor, weights: list[torch.Tensor], heads: int) -> torch.Tensor:
     batch, context, width = x.shape
     h = F.layer_norm(x, (width,))
-    q, k, v = F.linear(h, weights[0]).split(width, dim=-1)
+    q, k, v = torch.split(F.linear(h, weights[0]), width, dim=-1)
     q, k, v = (t.view(batch, context, heads, width // heads).transpose(1, 2) for t in (q, k, v))
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape_as(x)
     x = x + F.linear(a, weights[1])
@@ -47,7 +47,7 @@ def _seconds(precision: str | None, *, width: int, context: int, heads: int, bat
         with torch.autocast("cpu", dtype=_DTYPES.get(precision or "", torch.float32),
                             enabled=precision is not None):
             loss = _block_step(x, weights, heads)
-        loss.backward()
+        torch.autograd.backward(loss)
         times.append(time.perf_counter() - began)
     return sorted(times[1:])[len(times[1:]) // 2]
 
