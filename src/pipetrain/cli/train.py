@@ -127,7 +127,7 @@ def _interrupted(out: str, signal_number: int) -> int:
     import signal
 
     from pipetrain.cli.run_folder import read_json
-    from pipetrain.cli.train_job import interrupted_line
+    from pipetrain.cli.train_report import interrupted_line
 
     metrics = read_json(os.path.join(out, "metrics.json")) or {}
     stopped = metrics.get("stopped") or {}

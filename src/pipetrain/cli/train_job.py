@@ -9,11 +9,9 @@ a non-finite step, Ctrl-C / SIGTERM, a failed sample — the records are written
 from __future__ import annotations
 
 import argparse
-import datetime
 import logging
 import math
 import os
-import resource
 import sys
 import time
 from typing import Any
@@ -21,27 +19,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipetrain.api.agreement import DisagreementError, refuse_disagreement
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.run_config import RunConfig
-from pipetrain.cli.run_folder import new_run_problem, write_json
-from pipetrain.cli.run_lock import RunFolderBusy, RunLock
+from pipetrain.cli.run_folder import write_json
 from pipetrain.cli.run_model import RunTokenizer, pipeline_model, run_dataset, sample_text
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
-from pipetrain.cli.train_options import flag, gpt_config, recorded
+from pipetrain.cli.train_options import flag, gpt_config
 from pipetrain.cli.train_records import RunRecords
+from pipetrain.cli.train_report import (
+    gather_step,
+    interrupted_line,
+    one_axis,
+    peak_memory_bytes,
+    report,
+)
+from pipetrain.cli.train_start import agree_on_folder, agree_on_options, phase
 from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
 from pipetrain.data import TextDataset
 from pipetrain.launch.local import LAUNCHED_ENV
 from pipetrain.models import GPTConfig
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
-from pipetrain.schedule import TimedAction
-from pipetrain.trace import ProgressBar, measure_step, offsets_from_origins
+from pipetrain.trace import ProgressBar, measure_step
 
 __all__ = ["lr_factor", "train_worker"]
 
@@ -87,9 +90,9 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
     context = init_distributed(timeout=args.timeout)
     peers_lost = False
     try:
-        _agree_on_options(args)
-        lock = _agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
-        _phase(f"{dist.get_world_size()} workers joined; building the model and its pipeline")
+        agree_on_options(args)
+        lock = agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
+        phase(f"{dist.get_world_size()} workers joined; building the model and its pipeline")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
@@ -107,7 +110,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
             config=run_config(args),
             context=context,
         )
-        _phase(f"pipeline ready ({args.describe()})")
+        phase(f"pipeline ready ({args.describe()})")
         try:
             return _Run(pipe, args, dataset, tokenizer, model_config, resume, stop, verbose=verbose).run()
         finally:
@@ -120,53 +123,6 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
     finally:
         if dist.is_initialized() and not peers_lost:
             dist.destroy_process_group()
-
-
-def _phase(text: str) -> None:
-    """One line of start-up feedback, on rank 0."""
-    if dist.get_rank() == 0:
-        sys.stderr.write(f"pipetrain train: {text}\n")
-        sys.stderr.flush()
-
-
-_PER_HOST = ("timeout", "out", "config")
-"""Options each host may give differently (``--out``: rank 0's is taken by all; a config
-file's path: its values are compared)."""
-
-
-def _agree_on_options(args: RunConfig) -> None:
-    """Refuse, on every rank, hosts launched with different options (a layer would run
-    on no rank, or two cuts of the model would train side by side)."""
-    options = {flag(name, "").strip(): value for name, value in recorded(args, _PER_HOST).items()}
-    try:
-        refuse_disagreement(options, what="the options of `pipetrain train`",
-                            fix="launch every host with the same options")
-    except DisagreementError as error:
-        raise UsageError([str(error)]) from None
-
-
-def _agree_on_folder(args: RunConfig, resume: Resume | None) -> RunLock | None:
-    """Rank 0 picks and checks the run folder before anyone writes, and locks it unless
-    this job's launcher holds the lock; everyone takes its answer. The lock (rank 0's)."""
-    verdict: list[Any] = [None, None]
-    lock: RunLock | None = None
-    if dist.get_rank() == 0:
-        out = args.out or os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-        problem = new_run_problem(out, resume=args.resume)
-        if problem is None and os.environ.get(LAUNCHED_ENV) != "1":  # under torchrun
-            lock = RunLock(out)
-            try:
-                lock.acquire()
-            except RunFolderBusy as error:
-                lock, problem = None, str(error)
-            except OSError as error:
-                lock, problem = None, f"--out {out!r}: {error}"
-        verdict = [out, problem]
-    dist.broadcast_object_list(verdict, src=0)
-    args.out, problem = verdict
-    if problem is not None:
-        raise UsageError([problem])
-    return lock
 
 
 class _Run:
@@ -277,11 +233,11 @@ class _Run:
         loss = pipe.train_step(inputs, targets)
         seconds = time.perf_counter() - began
         with pipe.guard():
-            gathered = _gather_step(pipe)
+            gathered = gather_step(pipe)
         record: dict[str, Any] = {}
         if self.rank == 0:
             assert gathered is not None and self.bar is not None and self.records is not None
-            timeline = _one_axis(gathered)
+            timeline = one_axis(gathered)
             measure = measure_step(timeline, num_ranks=len(gathered))
             record = {"step": step + 1, "loss": loss, "seconds": seconds,
                       "tokens_per_s": args.batch_size * args.context / seconds,
@@ -385,7 +341,7 @@ class _Run:
         with self.pipe.guard():
             dist.all_gather_object(memory, {"rank": self.rank,
                                             "stages": list(self.pipe.local_stages),
-                                            "peak_memory_bytes": _peak_memory_bytes(self.pipe.device)})
+                                            "peak_memory_bytes": peak_memory_bytes(self.pipe.device)})
         if self.records is not None:
             self.records.memory = memory
             self.records.stopped = {"reason": "finished", "at_step": self.pipe.step,
@@ -405,65 +361,10 @@ class _Run:
             if sample is not None:
                 with open(os.path.join(self.args.folder, "sample.txt"), "w", encoding="utf-8") as f:
                     f.write(sample)
-            _report(self.args.folder, self.records, sample)
+            report(self.args.folder, self.records, sample)
         return 0
-
-
-def interrupted_line(metrics: dict[str, Any], out: str) -> str:
-    """The one line that tells what an interrupted run kept."""
-    stopped = metrics.get("stopped") or {}
-    checkpoint = stopped.get("checkpoint_step")
-    if stopped.get("saved_now"):
-        kept = f"saved the checkpoint (step {checkpoint}) and the records in {out}"
-    elif checkpoint is not None:
-        kept = f"no new step to save; the checkpoint in {out} is at step {checkpoint}"
-    else:
-        kept = f"no checkpoint was saved (no step finished); the records are in {out}"
-    return (f"interrupted by {stopped.get('signal', 'a signal')} after step {stopped.get('at_step')}: "
-            f"{kept}; continue with: pipetrain train --resume {out}")
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _gather_step(pipe: Pipeline) -> list[tuple[float, list[TimedAction]]] | None:
-    """Every rank's (wall-clock origin, actions) of the last step, on rank 0."""
-    mine = (pipe.last_step_start, pipe.last_timeline)
-    gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object(mine, gathered if dist.get_rank() == 0 else None, dst=0)
-    return gathered if dist.get_rank() == 0 else None
-
-
-def _one_axis(gathered: list[tuple[float, list[TimedAction]]]) -> list[TimedAction]:
-    offsets = offsets_from_origins([origin for origin, _ in gathered])
-    return [
-        TimedAction(rank, t.action, t.start + offsets[rank], t.end + offsets[rank])
-        for rank, (_, actions) in enumerate(gathered)
-        for t in actions
-    ]
 
 
 def _sample(pipe: Pipeline, args: RunConfig, tokenizer: RunTokenizer) -> str:
     return sample_text(pipe, tokenizer, prompt="def ", num_tokens=args.sample_bytes,
                        temperature=0.8, top_k=40, seed=args.seed, context=args.context)
-
-
-def _report(out: str, records: RunRecords, sample: str | None) -> None:
-    session = records.session_steps
-    if not session:
-        return
-    first, last = session[0], session[-1]
-    trained = (f"trained {len(session)} steps ({first['step']}-{last['step']})"
-               if first["step"] > 1 else f"trained {len(session)} steps")
-    validated = f" (validation {last['val_loss']:.3f})" if "val_loss" in last else ""
-    files = ["metrics.json", "timeline.png", "loss.png", "trace.json", "checkpoint/"]
-    files += ["sample.txt"] if sample is not None else []
-    lines = [f"{trained}: loss {first['loss']:.3f} -> {last['loss']:.3f}{validated}",
-             f"run folder: {out}  ({', '.join(files)})"]
-    if sample is not None:
-        lines += ["sample:", sample]
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
