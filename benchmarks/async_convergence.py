@@ -146,7 +146,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from harness import dump_json, run_job
+    from pipetrain.bench.harness import dump_json, run_job
 
     args = parse_args(argv)
     options = {

@@ -64,7 +64,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from peak_memory import PeakMemory, available
+from pipetrain.bench.harness import PeakMemory
+from pipetrain.bench.harness import memory_available as available
 
 NAMES = ("pipetrain", "torchgpipe", "plain")
 MODES = ("never", "except_last", "always")

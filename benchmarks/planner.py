@@ -55,7 +55,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from harness import dump_json, machine_info, median, run_job
+from pipetrain.bench.harness import dump_json, machine_info, median, run_job
 
 GOAL_SPEEDUP = 1.3
 GOAL_ERROR = 0.15

@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from harness import dump_json, median, run_job
+from pipetrain.bench.harness import dump_json, median, run_job
 
 VARIANTS = ("raw", "inline", "inline+thread", "apart", "apart+thread")
 WIDTH = 1024

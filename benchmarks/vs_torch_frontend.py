@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from harness import (
+from pipetrain.bench.harness import (
     dump_json,
     foreign_load,
     gather_objects,

@@ -121,7 +121,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from harness import dump_json, machine_info, pct, run_job
+from pipetrain.bench.harness import dump_json, machine_info, pct, run_job
 from vs_torch.gpt_speedup import analyse_gpt, gpt_worker
 from vs_torch.mlp import analyse_mlp, mlp_worker
 from vs_torch.report import (

@@ -1,4 +1,4 @@
-"""The benchmarks' shared harness (``benchmarks/harness``): statistics, output, and the
+"""The benchmarks' shared harness (``pipetrain.bench.harness``): statistics, output, and the
 interleaved timing loop on a 2-rank gloo job (a runner on one rank only included)."""
 
 from __future__ import annotations
@@ -6,24 +6,24 @@ from __future__ import annotations
 import doctest
 import importlib
 import math
-import os
-import sys
 import time
 from typing import Any
 
 import pytest
 
-_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "benchmarks")
-if _BENCHMARKS not in sys.path:
-    sys.path.insert(0, _BENCHMARKS)
+from pipetrain.bench.harness import (
+    dump_json,
+    interleave,
+    quartiles,
+    run_job,
+    step_times,
+    summary,
+)
 
-from harness import dump_json, interleave, quartiles, run_job, step_times, summary  # noqa: E402
 
-
-@pytest.mark.parametrize("name", ["stats", "output", "machine", "timing"])
+@pytest.mark.parametrize("name", ["stats", "output", "machine", "timing", "memory"])
 def test_examples(name: str) -> None:
-    module = importlib.import_module(f"harness.{name}")
+    module = importlib.import_module(f"pipetrain.bench.harness.{name}")
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
 

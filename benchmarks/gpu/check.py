@@ -42,7 +42,7 @@ GRACE_S = 20.0
 
 
 def _write(path: str, value: Any) -> None:
-    from harness import dump_json
+    from pipetrain.bench.harness import dump_json
 
     with open(path + ".partial", "w") as f:
         f.write(dump_json(value))
@@ -258,7 +258,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.environment:
-        from harness import dump_json
+        from pipetrain.bench.harness import dump_json
 
         print(dump_json(_environment()))
         return 0

@@ -14,7 +14,7 @@ step holds the optimizer's state, the steady peak) finish under the cap. On CUDA
 cap is the allocator's (``torch.cuda.set_per_process_memory_fraction``, for this item's
 process only) and a depth that does not train raises out-of-memory; on the CPU nothing
 enforces a cap, so a depth trains if the step's measured peak (RSS growth from before
-the model is built, ``benchmarks/peak_memory.py``) stays under a small cap. The search
+the model is built, ``pipetrain.bench.harness.memory``) stays under a small cap. The search
 doubles the depth from 1 until a depth does not train, then bisects. Reported:
 depths, parameter counts (``pipetrain.models.count_parameters``), their ratio, and
 every trial.
@@ -158,7 +158,7 @@ class _Trial:
     def __call__(self, depth: int) -> bool:
         import torch
 
-        from peak_memory import PeakMemory
+        from pipetrain.bench.harness import PeakMemory
 
         began = time.monotonic()
         _clear_cublas_workspaces(self.device)

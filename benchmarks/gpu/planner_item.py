@@ -58,7 +58,7 @@ def run(ctx: ItemContext) -> dict[str, Any]:
     import torch
 
     import pipetrain
-    from harness import summary
+    from pipetrain.bench.harness import summary
     from pipetrain.models import GPTConfig, build_gpt, gpt_layer_factories, gpt_loss
     from pipetrain.plan import PlannerConfig, Topology, make_plan, profile_model
 

@@ -4,7 +4,7 @@ device.
 Both cut the same model (same initial weights) into the same two partitions, both on
 the one device (``cuda:0``, or the CPU), with the same micro-batches and checkpoint
 mode, and train on the same batch (forward, ``loss.backward()``, ``zero_grad``; the
-loss is the mean square of the output, as in ``benchmarks/gpipe_local.py``, whose
+loss is the mean square of the output, as in ``pipetrain bench gpipe_vs_torchgpipe``, whose
 model builder and step this item uses). Models: pipetrain's GPT (untied embeddings)
 and its ResNet (GroupNorm, so micro-batching changes no output); precisions: fp32 and
 bf16 autocast (pipetrain: ``GPipe(mixed_precision="bf16")``; torchgpipe, which has no
@@ -14,8 +14,8 @@ does not reach: every layer wrapped in ``torch.autocast``); every checkpoint mod
 Per case: the two outputs agree (a sanity check: else the timing means nothing), the
 peak memory of one step (``torch.cuda.max_memory_allocated`` after
 ``reset_peak_memory_stats``, above the memory allocated before the step, through
-``benchmarks/peak_memory.py``; not measured on the CPU, where both share one process:
-``benchmarks/gpipe_local.py`` measures CPU memory, one process each), and the median
+``pipetrain.bench.harness.memory``; not measured on the CPU, where both share one process:
+``pipetrain bench gpipe_vs_torchgpipe`` measures CPU memory, one process each), and the median
 step time of interleaved repetitions; ratios pipetrain / torchgpipe (throughput above
 1: pipetrain is faster; memory below 1: pipetrain needs less).
 """
@@ -156,7 +156,7 @@ def _case(ctx: ItemContext, torchgpipe: Any, model: str, precision: str,
           mode: str) -> dict[str, Any]:
     import pipetrain
     from gpipe_local import make_step
-    from peak_memory import PeakMemory
+    from pipetrain.bench.harness import PeakMemory
 
     sizes = ctx.pick(SIZES)
     device = ctx.torch_device()
@@ -203,10 +203,10 @@ def _case(ctx: ItemContext, torchgpipe: Any, model: str, precision: str,
     else:
         result["peak_mib"] = None
         result["peak_memory_note"] = ("not measured on the CPU (both in one process); see "
-                                      "benchmarks/gpipe_local.py")
+                                      "pipetrain bench gpipe_vs_torchgpipe")
     times = interleaved_times(steps, warmup=sizes["warmup"], rounds=sizes["rounds"],
                               block=sizes["block"])
-    from harness import summary
+    from pipetrain.bench.harness import summary
 
     stats = {name: summary(values) for name, values in times.items()}
     result["step_s"] = stats

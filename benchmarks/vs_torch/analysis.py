@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness import median, step_times, summary
+from pipetrain.bench.harness import median, step_times, summary
 from vs_torch.costs import ideal, torch_schedule_as_pipetrain
 from vs_torch.runners import TORCH_VARIANTS, WORLD_SIZE
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import foreign_load, gather_objects, interleave, median, quartiles, step_times
+from pipetrain.bench.harness import (
+    foreign_load,
+    gather_objects,
+    interleave,
+    median,
+    quartiles,
+    step_times,
+)
 from vs_torch.analysis import timeline_analysis
 
 __all__ = ["analyse_gpt", "gpt_worker"]

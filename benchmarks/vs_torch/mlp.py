@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness import foreign_load, gather_objects
+from pipetrain.bench.harness import foreign_load, gather_objects
 from vs_torch.analysis import compare, runner_rows
 from vs_torch.costs import measure_costs, merge_costs
 from vs_torch.runners import PipetrainRunner, TorchRunner, placement, stage_ranges

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import load_line, ms, pct, stage_ms
+from pipetrain.bench.harness import load_line, ms, pct, stage_ms
 
 __all__ = ["GOAL_COMPUTE_BOUND", "GOAL_GAP", "GOAL_RATIO", "print_gpt", "print_mlp", "print_transformer"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness import agree, gather_objects, interleave
+from pipetrain.bench.harness import agree, gather_objects, interleave
 from vs_torch.runners import TORCH_VARIANTS
 
 __all__ = ["build_runners", "first_losses", "time_runners"]

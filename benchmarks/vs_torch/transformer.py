@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness import foreign_load, gather_objects, median, step_times, summary
+from pipetrain.bench.harness import foreign_load, gather_objects, median, step_times, summary
 from vs_torch.analysis import compare, runner_rows
 from vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
 from vs_torch.runners import PipetrainRunner, TorchRunner, stage_ranges

@@ -11,6 +11,6 @@ case (and its PNGs) into ``--out``; :mod:`.docs` regenerates the tables in
 
 from __future__ import annotations
 
-from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.case import BenchContext, BenchResult, Case, SkipCase, Table
 
-__all__ = ["BenchContext", "BenchResult", "Case", "Table"]
+__all__ = ["BenchContext", "BenchResult", "Case", "SkipCase", "Table"]

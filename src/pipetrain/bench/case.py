@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchContext", "BenchResult", "Case", "Table"]
+__all__ = ["BenchContext", "BenchResult", "Case", "SkipCase", "Table"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,8 @@ class Table:
 
     ``anchor`` says what the figures are compared with, measured in the same run (or the
     paper and where its figure is from); ``notes`` says where and why they differ.
+    ``key`` names the table within its case, for a doc block that shows this table
+    alone (``<!-- bench:CASE/KEY:begin -->``, see :mod:`pipetrain.bench.docs`).
     """
 
     title: str
@@ -40,10 +42,24 @@ class Table:
     rows: list[list[Any]]
     anchor: str = ""
     notes: str = ""
+    key: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The table as JSON-ready data (what :meth:`from_dict` reads back)."""
         return {"title": self.title, "columns": self.columns, "rows": self.rows,
-                "anchor": self.anchor, "notes": self.notes}
+                "anchor": self.anchor, "notes": self.notes, "key": self.key}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Table:
+        """A table from :meth:`to_dict`'s data (a result file of ``pipetrain bench``).
+
+        Example:
+            >>> Table.from_dict(Table(title="t", columns=["a"], rows=[[1]]).to_dict()).rows
+            [[1]]
+        """
+        return cls(title=data["title"], columns=list(data["columns"]),
+                   rows=[list(row) for row in data["rows"]], anchor=data.get("anchor", ""),
+                   notes=data.get("notes", ""), key=data.get("key", ""))
 
     def markdown(self) -> str:
         """The table as Markdown (with its anchor and notes below it).
@@ -85,6 +101,17 @@ class BenchContext:
     quick: bool
     out: Path
     progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr)  # noqa: T201
+
+
+class SkipCase(Exception):
+    """Raised by a case's ``run`` when it cannot run here (data it needs is absent): the
+    suite records the case as skipped, with the message as the reason.
+
+    Example::
+
+        if not profiles.is_dir():
+            raise SkipCase(f"PipeDream's profiles are not in {profiles}")
+    """
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,12 +11,12 @@ region does not hide growth in it. On a GPU, the figure is
 ``torch.cuda.max_memory_allocated()`` minus the memory allocated at the start (tensors
 only; the caching allocator's reserve is not counted).
 
-Example (from the repository root, in a benchmark script)::
+Example (in a benchmark's own process: the CPU figure is the whole process's)::
 
     meter = PeakMemory([torch.device("cpu")])
     meter.start()
     step()
-    print(meter.peak_mib())   # MiB above the start
+    grown = meter.peak_mib()   # MiB above the start
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-__all__ = ["PeakMemory", "available"]
+__all__ = ["PeakMemory", "memory_available"]
 
 _MIB = float(1 << 20)
 
@@ -44,8 +44,13 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def available(devices: list[torch.device]) -> bool:
-    """Whether peak memory can be measured for ``devices`` here."""
+def memory_available(devices: list[torch.device]) -> bool:
+    """Whether peak memory can be measured for ``devices`` here.
+
+    Example:
+        >>> isinstance(memory_available([torch.device("cpu")]), bool)
+        True
+    """
     if all(d.type == "cuda" for d in devices) and devices:
         return torch.cuda.is_available()
     return sys.platform.startswith("linux") and _status_kib("VmHWM") is not None
@@ -66,7 +71,15 @@ def _trim() -> None:
 class PeakMemory:
     """Measures the peak memory of the region from :meth:`start` to :meth:`peak_mib`:
     RSS growth if any of ``devices`` is the CPU, else the sum over the GPUs of each
-    one's allocator peak."""
+    one's allocator peak.
+
+    Example::
+
+        meter = PeakMemory([torch.device("cpu")])
+        meter.start()
+        step()
+        grown = meter.peak_mib()
+    """
 
     def __init__(self, devices: list[torch.device]) -> None:
         self.cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})

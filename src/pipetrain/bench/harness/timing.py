@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.machine import CpuWindow
+from pipetrain.bench.harness.machine import CpuWindow
 
 __all__ = ["Sample", "interleave", "step_times"]
 
@@ -44,7 +44,7 @@ def interleave(runners: Sequence[Any], batch: Callable[[int], Sequence[Any]], *,
     (every rank calls it with the same runners). Repetition ``k`` gives every runner
     ``batch(k)`` (warm-up steps: ``batch(k)`` for ``k < warmup``); ``rotate`` starts each
     repetition with the next runner. Returns this rank's samples by label and the
-    :class:`~harness.machine.CpuWindow` of the timed loop.
+    :class:`~pipetrain.bench.harness.machine.CpuWindow` of the timed loop.
 
     Example (on every rank)::
 
@@ -98,5 +98,5 @@ def step_times(per_rank: Sequence[dict[str, list[Sample]]], label: str) -> list[
         [2.0]
     """
     reps = len(per_rank[0][label])
-    return [max(s[label][k].wall_s for s in per_rank if s[label][k].wall_s is not None)
+    return [max(wall for s in per_rank if (wall := s[label][k].wall_s) is not None)
             for k in range(reps)]
