@@ -17,6 +17,7 @@ _COMMANDS = {
     "sample": "pipetrain.cli.sample",
     "plan": "pipetrain.cli.plan",
     "profile": "pipetrain.cli.profile",
+    "bench": "pipetrain.cli.bench",
 }
 
 

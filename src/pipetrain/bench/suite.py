@@ -1,0 +1,124 @@
+"""Running benchmark cases in order and writing one result file per case, and a summary.
+
+:func:`run_suite` runs the cases it is given one after another in this process (each
+case spawns the processes it measures), says on ``progress`` which case starts and how
+it ended (and passes the case's own progress lines on, prefixed with its name), and
+writes ``OUT/<name>.json``: the case's tables, plots, data, wall time and status
+(``ok``, ``skipped`` with the reason, ``failed`` with the error), and the run's metadata
+(:func:`pipetrain.bench.run_info.run_metadata`: date, command line, machine with the
+load average before and after the case, versions). A case that fails is recorded and
+the others still run. ``OUT/summary.json`` lists every case's status and wall time.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipetrain.bench.case import BenchContext, BenchResult, SkipCase
+from pipetrain.bench.harness.output import dump_json
+from pipetrain.bench.registry import check_names, import_failure, load_case, skip_reason
+from pipetrain.bench.run_info import load_average, run_metadata
+
+__all__ = ["STATUSES", "run_case", "run_suite", "write_json"]
+
+STATUSES = ("ok", "skipped", "failed")
+"""A case's outcome in its result file."""
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as strict JSON (no NaN) in ``path``, written whole or not at all.
+
+    Example::
+
+        write_json(out / "summary.json", {"cases": []})
+    """
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(dump_json(value) + "\n")
+    partial.replace(path)
+
+
+def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
+    """Run case ``name``: its status and, when it ran, its tables, plots and data."""
+    try:
+        case = load_case(name)
+    except ModuleNotFoundError as error:
+        return {"title": name, "status": "skipped", "reason": import_failure(error)}
+    reason = skip_reason(case)
+    if reason is not None:
+        return {"title": case.title, "status": "skipped", "reason": reason}
+    try:
+        result = case.run(context)
+    except SkipCase as skip:
+        return {"title": case.title, "status": "skipped", "reason": str(skip)}
+    except Exception as error:  # recorded; the other cases still run
+        return {"title": case.title, "status": "failed",
+                "reason": f"{type(error).__name__}: {error}".splitlines()[0][:500],
+                "error": traceback.format_exc()}
+    if not isinstance(result, BenchResult):
+        return {"title": case.title, "status": "failed",
+                "reason": f"run() returned {type(result).__name__}, not a BenchResult"}
+    return {"title": case.title, "status": "ok", "reason": None,
+            "tables": [t.to_dict() for t in result.tables], "plots": list(result.plots),
+            "data": result.data}
+
+
+def run_case(name: str, *, quick: bool, out: Path, command: str,
+             progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run one case and write ``out/<name>.json``; the record written.
+
+    Example::
+
+        record = run_case("transport", quick=True, out=Path("results"),
+                          command="pipetrain bench transport --quick", progress=log)
+    """
+    metadata = run_metadata(command)
+    context = BenchContext(quick=quick, out=out, progress=lambda line: progress(f"  {name}: {line}"))
+    began = time.perf_counter()
+    outcome = _outcome(name, context)
+    wall = time.perf_counter() - began
+    metadata["machine"]["load_average_after"] = load_average()
+    record: dict[str, Any] = {"name": name, "quick": quick, "wall_s": round(wall, 3),
+                              "tables": [], "plots": [], "data": {}, **outcome,
+                              "metadata": metadata}
+    write_json(out / f"{name}.json", record)
+    return record
+
+
+def run_suite(names: Sequence[str], *, quick: bool, out: Path, command: str,
+              progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run the cases ``names`` in order into ``out``; the summary (also written to
+    ``out/summary.json``).
+
+    Raises:
+        ValueError: a name is not a case (the message lists the cases).
+
+    Example::
+
+        summary = run_suite(["transport", "planner_speed"], quick=True,
+                            out=Path("bench-results/now"), command="...", progress=log)
+        failed = [c["name"] for c in summary["cases"] if c["status"] == "failed"]
+    """
+    check_names(names)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {**run_metadata(command), "quick": quick, "out": str(out),
+                               "cases": []}
+    began = time.perf_counter()
+    for k, name in enumerate(names, 1):
+        progress(f"[{k}/{len(names)}] {name}: started")
+        record = run_case(name, quick=quick, out=out, command=command, progress=progress)
+        ending = f"{record['status']} in {record['wall_s']:.1f} s"
+        if record["reason"]:
+            ending += f" ({record['reason']})"
+        progress(f"[{k}/{len(names)}] {name}: {ending}")
+        summary["cases"].append({"name": name, "title": record["title"],
+                                 "status": record["status"], "reason": record["reason"],
+                                 "wall_s": record["wall_s"]})
+        write_json(out / "summary.json", summary)
+    summary["wall_s"] = round(time.perf_counter() - began, 3)
+    summary["machine"]["load_average_after"] = load_average()
+    write_json(out / "summary.json", summary)
+    return summary
