@@ -55,7 +55,7 @@ def residual_dag(num_nodes: int, seed: int = 0) -> Profile:
 
     Example:
         >>> residual_dag(10).num_layers
-        11
+        10
     """
     rng = random.Random(seed)
     layers: list[LayerProfile] = []
