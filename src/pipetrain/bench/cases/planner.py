@@ -1,19 +1,17 @@
-"""The planner's plan vs the even split by layer count, trained side by side; and the
-``pipetrain`` cost model's predicted step vs the measured one.
+"""Case ``planner``: the planner's plan vs the even split by layer count, trained side by
+side; and the ``pipetrain`` cost model's predicted step vs the measured one.
 
-What it measures
-----------------
-A GPT with a large vocabulary (default: 32,768 tokens, width 128, 8 blocks, context 32,
-16 sequences per step, untied embedding and head, fused AdamW) is heavy at both ends and thin
-in the middle: the token embedding's optimizer step and the output head's matrix product
-and cross-entropy cost several blocks each, so cutting it by layer count (the even split)
-leaves one stage much slower than the other. In one job of ``--workers`` processes (gloo
-on 127.0.0.1, 1 intra-op thread each):
+A GPT with a large vocabulary (full size: 32,768 tokens, width 128, 8 blocks, context
+32, 16 sequences per step, untied embedding and head, fused AdamW) is heavy at both ends
+and thin in the middle: the token embedding's optimizer step and the output head's
+matrix product and cross-entropy cost several blocks each, so cutting it by layer count
+(the even split) leaves one stage much slower than the other. In one job of ``workers``
+processes (gloo on 127.0.0.1, 1 intra-op thread each):
 
 1. rank 0 profiles the model (:func:`pipetrain.plan.profile_model`, one batch of random
    tokens, its micro-batch times at one sample) while the other ranks wait;
 2. the ranks measure the job's bandwidth (a gloo all-reduce of 16 MB: ring bandwidth
-   ``2 (r - 1) / r * bytes / seconds``; ``--bandwidth`` overrides it);
+   ``2 (r - 1) / r * bytes / seconds``);
 3. rank 0 plans with the ``pipetrain`` cost model on that many workers and bandwidth
    (stages, replicas, schedule, micro-batches, checkpoint mode; every worker used), and
    every rank takes the plan;
@@ -25,51 +23,68 @@ on 127.0.0.1, 1 intra-op thread each):
 5. after warm-up steps, repetitions alternate between the two; each timed step starts
    after a barrier and lasts until the slowest rank returns from ``train_step``.
 
-It prints the medians, the speedup of the plan over the even split, the predicted step
+Reported: the medians, the speedup of the plan over the even split, the predicted step
 of each layout (the simulator on the profiled costs, as the planner predicts it) against
-the measured one, and where they part: the per-stage action costs measured in the
-timed steps (``measure_step``) next to the profiled ones, and the simulator on the
-measured costs.
-
-Run it
-------
-::
-
-    PYTHONPATH=src python benchmarks/planner.py                    # ~1 minute
-    PYTHONPATH=src python benchmarks/planner.py --repetitions 20 --json
-    PYTHONPATH=src python benchmarks/planner.py --workers 3 --vocab 32768 --width 128
-
-Goals: the plan at least 1.3x faster than the even split; the predicted step within 15%
-of the measured one. With every process on its own core the figures mean what they say;
-on a machine that other jobs load they drift (the script reports the load average).
+the measured one, and where they part: the per-stage action costs measured in the timed
+steps (``measure_step``) next to the profiled ones, and the simulator on the measured
+costs. ``--quick``: a vocabulary of 16,384, 4 blocks, 3 timed steps per layout.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import os
 import statistics
-import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from pipetrain.bench.harness import dump_json, machine_info, median, run_job
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.harness import median, run_job
+
+__all__ = ["CASE", "GOAL_ERROR", "GOAL_SPEEDUP", "Options", "analyse", "run", "worker"]
 
 GOAL_SPEEDUP = 1.3
+"""The plan against the even split."""
 GOAL_ERROR = 0.15
+"""The plan's predicted step against its measured one."""
 BANDWIDTH_BYTES = 16 * 2**20
 
 
-def _model(opts: Any) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The model, the job and the repetitions."""
+
+    workers: int = 2
+    vocab: int = 32768
+    width: int = 128
+    layers: int = 8
+    """Transformer blocks."""
+    heads: int = 4
+    context: int = 32
+    batch: int = 16
+    bandwidth: float | None = None
+    """Bytes/s the planner assumes (``None``: measured in the job)."""
+    schedules: tuple[str, ...] | None = None
+    """The schedules the planner may choose (``None``: all it plans)."""
+    repetitions: int = 10
+    warmup: int = 3
+    profile_repetitions: int = 5
+    timeout: float = 900.0
+
+
+FULL = Options()
+QUICK = replace(FULL, vocab=16384, layers=4, repetitions=3, warmup=1, profile_repetitions=2)
+
+
+def _model(opts: Options) -> Any:
     from pipetrain.models import GPTConfig
 
     return GPTConfig(vocab_size=opts.vocab, width=opts.width, num_layers=opts.layers,
                      context=opts.context, num_heads=opts.heads, tie_embeddings=False)
 
 
-def _batch(opts: Any, step: int) -> tuple[Any, Any]:
+def _batch(opts: Options, step: int) -> tuple[Any, Any]:
     import torch
 
     generator = torch.Generator().manual_seed(1000 + step)
@@ -94,7 +109,7 @@ def _measure_bandwidth(world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * BANDWIDTH_BYTES / seconds
 
 
-def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
+def _plan_on_rank0(opts: Options, world_size: int, measured_bandwidth: float) -> dict[str, Any]:
     from pipetrain.models import gpt_layer_factories, gpt_loss
     from pipetrain.plan import PlannerConfig, Topology, make_plan, profile_model
     from pipetrain.plan.schedule_choice import plan_for_layout
@@ -106,10 +121,10 @@ def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
                             target=targets, microbatch_size=1, device="cpu",
                             repetitions=opts.profile_repetitions)
     profiled = time.perf_counter() - began
-    bandwidth = opts.bandwidth or opts.measured_bandwidth
+    bandwidth = opts.bandwidth or measured_bandwidth
     began = time.perf_counter()
-    schedules = tuple(opts.schedules) if opts.schedules else None
-    planner = PlannerConfig(topology=Topology.flat(world_size, bandwidth), schedules=schedules)
+    planner = PlannerConfig(topology=Topology.flat(world_size, bandwidth),
+                            schedules=opts.schedules)
     plan = make_plan(profile, planner)
     planned = time.perf_counter() - began
     layers = profile.num_layers
@@ -120,7 +135,8 @@ def _plan_on_rank0(opts: Any, world_size: int) -> dict[str, Any]:
             "bandwidth": bandwidth, "profile_seconds": profiled, "plan_seconds": planned}
 
 
-def worker(ctx: Any, opts: Any) -> dict[str, Any]:
+def worker(ctx: Any, opts: Options) -> dict[str, Any]:
+    """Every rank: bandwidth, the plan (from rank 0), both layouts timed alternately."""
     import torch
     import torch.distributed as dist
 
@@ -130,8 +146,9 @@ def worker(ctx: Any, opts: Any) -> dict[str, Any]:
     from pipetrain.plan import Plan
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    opts.measured_bandwidth = _measure_bandwidth(world_size)
-    box: list[Any] = [_plan_on_rank0(opts, world_size) if rank == 0 else None]
+    measured_bandwidth = _measure_bandwidth(world_size)
+    box: list[Any] = [_plan_on_rank0(opts, world_size, measured_bandwidth)
+                      if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     planned = box[0]
     config = _model(opts)
@@ -213,6 +230,7 @@ def _measured(name: str, gathered: Sequence[Any], schedule: Any) -> dict[str, An
 
 
 def analyse(raw: dict[str, Any]) -> dict[str, Any]:
+    """Both layouts' measured and predicted steps, their costs, and the speedups."""
     from pipetrain.plan import Plan, Profile
 
     planned = raw["planned"]
@@ -255,75 +273,57 @@ def _costs(costs: Any) -> dict[str, list[float]]:
              "communication")}
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:7.1f} ms"
-
-
-def report(result: dict[str, Any], opts: Any) -> None:
-    print(f"model: GPT vocab {opts.vocab}, width {opts.width}, {opts.layers} blocks, context "
-          f"{opts.context}, batch {opts.batch}; {opts.workers} workers x 1 thread, gloo")
-    print(f"bandwidth {result['bandwidth']:.3g} B/s; profiled in {result['profile_seconds']:.1f} s, "
-          f"planned in {result['plan_seconds']:.2f} s")
-    for name, entry in result["layouts"].items():
-        print(f"\n{name:5} balance {entry['balance']} replicas {entry['replicas']}, "
-              f"{entry['schedule']}, {entry['num_microbatches']} micro-batches per replica of "
-              f"stage 0, checkpoint {entry['checkpoint']}: measured "
-              f"{_ms(entry['step_s'])} (its actions span {_ms(entry['makespan_s'])}), "
-              f"predicted {_ms(entry['predicted_s'])} ({entry['error']:+.1%}); the simulator "
-              f"on the measured costs {_ms(entry['simulated_on_measured_s'])}")
+def _tables(result: dict[str, Any], opts: Options) -> list[Table]:
+    layouts = result["layouts"]
+    main = Table(
+        title=f"The planner's plan vs the even split: GPT vocabulary {opts.vocab}, width "
+              f"{opts.width}, {opts.layers} blocks, context {opts.context}, batch {opts.batch}; "
+              f"{opts.workers} workers x 1 thread, gloo",
+        columns=["layout", "balance", "replicas", "schedule", "micro-batches", "checkpoint",
+                 "measured ms", "predicted ms", "predicted / measured - 1",
+                 "simulated on measured costs ms"],
+        rows=[[name, str(e["balance"]), str(e["replicas"]), e["schedule"],
+               e["num_microbatches"], e["checkpoint"], round(e["step_s"] * 1e3, 1),
+               round(e["predicted_s"] * 1e3, 1), f"{e['error']:+.1%}",
+               round(e["simulated_on_measured_s"] * 1e3, 1)] for name, e in layouts.items()]
+        + [["speedup of the plan", "", "", "", "", "", f"{result['speedup']:.2f}x",
+            f"{result['predicted_speedup']:.2f}x", "", ""]],
+        anchor="the even split by layer count on as many stages as workers, with the "
+               "schedule, micro-batches and checkpoint mode the cost model finds best for "
+               "it, in the same processes, alternating step by step",
+        notes=f"Goals: the plan at least {GOAL_SPEEDUP}x faster than the even split; its "
+              f"predicted step within {GOAL_ERROR:.0%} of the measured one. Bandwidth "
+              f"{result['bandwidth']:.3g} B/s (measured in the job); profiled in "
+              f"{result['profile_seconds']:.1f} s, planned in {result['plan_seconds']:.2f} s.",
+        key="plan_vs_even")
+    rows = []
+    for name, e in layouts.items():
         for kind in ("forward", "backward", "backward_input", "backward_weight", "reduce",
                      "step"):
-            profiled = ", ".join(f"{v * 1e3:.2f}" for v in entry["profiled_costs"][kind])
-            measured = ", ".join(f"{v * 1e3:.2f}" for v in entry["measured_costs"][kind])
-            print(f"  {kind:15} ms per stage: profiled [{profiled}]  measured [{measured}]")
-    print(f"\nspeedup of the plan over the even split: {result['speedup']:.2f}x, predicted "
-          f"{result['predicted_speedup']:.2f}x (goal >= {GOAL_SPEEDUP}x: "
-          f"{'met' if result['speedup'] >= GOAL_SPEEDUP else 'MISSED'})")
-    error = result["layouts"]["plan"]["error"]
-    print(f"predicted vs measured step of the plan: {error:+.1%} (goal within "
-          f"{GOAL_ERROR:.0%}: {'met' if abs(error) <= GOAL_ERROR else 'MISSED'})")
+            rows.append([name, kind,
+                         ", ".join(f"{v * 1e3:.2f}" for v in e["profiled_costs"][kind]),
+                         ", ".join(f"{v * 1e3:.2f}" for v in e["measured_costs"][kind])])
+    costs = Table(title="Per-stage action costs (ms per stage): profiled vs measured in the "
+                        "timed steps",
+                  columns=["layout", "action", "profiled", "measured"], rows=rows,
+                  anchor="the profile the planner used, against the actions recorded in the "
+                         "same run's timed steps",
+                  key="costs")
+    return [main, costs]
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
-    parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=8, help="transformer blocks")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--bandwidth", type=float, default=None,
-                        help="bytes/s the planner assumes (default: measured in the job)")
-    parser.add_argument("--schedules", nargs="+", default=None,
-                        help="the schedules the planner may choose (default: all it plans)")
-    parser.add_argument("--repetitions", type=int, default=10, help="timed steps per layout")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per layout")
-    parser.add_argument("--profile-repetitions", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    opts = parse_args(argv)
-    machine = machine_info()
-    load = machine["loadavg_start"]
-    began = time.perf_counter()
+def run(context: BenchContext) -> BenchResult:
+    """Profile, plan, and train both layouts alternately in one job."""
+    opts = QUICK if context.quick else FULL
+    context.progress(f"{opts.workers} workers: profile, plan, then {opts.repetitions} timed "
+                     "steps of each layout")
     raw = run_job(worker, opts, world_size=opts.workers, timeout=opts.timeout)[0]
     result = analyse(raw)
-    result["machine"] = {**machine, "loadavg_end": list(os.getloadavg())}
-    result["seconds"] = time.perf_counter() - began
     result["goals"] = {"speedup": result["speedup"] >= GOAL_SPEEDUP,
                        "prediction": abs(result["layouts"]["plan"]["error"]) <= GOAL_ERROR}
-    if opts.json:
-        print(dump_json(result))
-    else:
-        report(result, opts)
-        print(f"load average {load} at the start, {result['machine']['loadavg_end']} at the "
-              f"end; {result['seconds']:.0f} s in all")
-    return 0
+    result["options"] = asdict(opts)
+    return BenchResult(tables=_tables(result, opts), data=result)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+CASE = Case(name="planner", title="The planner's plan vs the even split, and its predicted step",
+            run=run, quick_seconds=20, full_seconds=90)
