@@ -1,10 +1,10 @@
-"""pipetrain's frontend vs torch.distributed.pipelining's ``pipeline()`` on the same HF GPT-2.
+"""Case ``vs_torch_frontend``: pipetrain's frontend vs torch.distributed.pipelining's ``pipeline()`` on the same HF GPT-2.
 
 Both take the same unmodified Hugging Face ``GPT2LMHeadModel`` (tied token embedding and
 output head; dropout off; byte vocabulary 256), capture it with torch.export and cut it
 at the same block (``transformer.h.<layers/2>``) into 2 stages on 2 processes (gloo on
 127.0.0.1, 1 intra-op thread each), and train it with the same 1F1B schedule, the same
-micro-batches, MSE-free cross-entropy on shifted tokens and SGD. Reported:
+micro-batches, cross-entropy on shifted tokens and SGD. Reported:
 
 * the median time of a training step (forward, backward, optimizer step; the max over
   the ranks, each step after a barrier) and the throughput ratio pipetrain / torch; the
@@ -16,26 +16,22 @@ micro-batches, MSE-free cross-entropy on shifted tokens and SGD. Reported:
 * the loss of the first step of each (both equal single-process training there, before
   the copies can differ).
 
-Figures measured on a shared, loaded machine are "under load": compare ratios only.
-
-Usage::
-
-    python benchmarks/vs_torch_frontend.py [--layers 4 --width 128 --seq 64 --batch 16
-                                            --microbatches 4 --reps 10 --json]
+Full size: 4 blocks of width 128, batch 16 x 64 tokens, 4 micro-batches, 10 timed
+repetitions; ``--quick``: 2 blocks of width 64, 4 repetitions.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
 from pipetrain.bench.harness import (
-    dump_json,
     foreign_load,
     gather_objects,
     interleave,
@@ -45,20 +41,42 @@ from pipetrain.bench.harness import (
     step_times,
 )
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+__all__ = ["CASE", "Options", "run", "worker"]
 
 
-def _model(args: argparse.Namespace) -> torch.nn.Module:
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The GPT-2's shape, the batch, the optimizer and the repetitions."""
+
+    layers: int = 4
+    width: int = 128
+    heads: int = 4
+    seq: int = 64
+    batch: int = 16
+    microbatches: int = 4
+    lr: float = 0.5
+    warmup: int = 2
+    reps: int = 10
+    fuse: bool = True
+    """pipetrain's fused weight gradients (``False``: left to autograd)."""
+
+
+FULL = Options()
+QUICK = replace(FULL, layers=2, width=64, warmup=1, reps=4)
+
+
+def _model(args: Options) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(
+    model: torch.nn.Module = GPT2LMHeadModel(GPT2Config(
         vocab_size=256, n_positions=max(2 * args.seq, 300), n_embd=args.width, n_layer=args.layers,
         n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=0, eos_token_id=0))
+    return model
 
 
-def _batch(args: argparse.Namespace, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(args: Options, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
     tokens = torch.randint(0, 256, (args.batch, args.seq + 1), generator=g)
     return tokens[:, :-1], tokens[:, 1:]
@@ -71,7 +89,7 @@ def _loss(output: Any, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def _pipetrain(args: argparse.Namespace, ctx: Any, split: str) -> tuple[Any, Any]:
+def _pipetrain(args: Options, ctx: Any, split: str) -> tuple[Any, Any]:
     from pipetrain import Pipeline, PipelineConfig
 
     x, _ = _batch(args, 0)
@@ -92,7 +110,7 @@ def _pipetrain(args: argparse.Namespace, ctx: Any, split: str) -> tuple[Any, Any
     return step, tied
 
 
-def _torch(args: argparse.Namespace, split: str) -> tuple[Any, Any]:
+def _torch(args: Options, split: str) -> tuple[Any, Any]:
     from torch.distributed.pipelining import Schedule1F1B, SplitPoint, pipeline
 
     rank = dist.get_rank()
@@ -145,7 +163,9 @@ def _gap(tied: Any) -> float:
     return float((both[0] - both[1]).abs().max())
 
 
-def worker(ctx: Any, args: argparse.Namespace) -> dict[str, Any]:
+def worker(ctx: Any, args: Options) -> dict[str, Any]:
+    """Every rank: both frameworks built, timed alternately; the figures (every rank)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this spawned rank's own environment
     torch.set_num_threads(1)
     split = f"transformer.h.{args.layers // 2}"
     built = {"pipetrain": _pipetrain(args, ctx, split)}
@@ -166,41 +186,39 @@ def worker(ctx: Any, args: argparse.Namespace) -> dict[str, Any]:
             "load_during_timing": foreign_load([g["window"] for g in gathered])}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--no-fuse", dest="fuse", action="store_false",
-                        help="pipetrain: leave weight gradients to autograd")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = parser.parse_args()
-    result = run_job(worker, args, timeout=1800)[0]
-    result["args"] = vars(args)
+def run(context: BenchContext) -> BenchResult:
+    """Both frameworks on the same GPT-2 in one 2-rank job; the table of their figures."""
+    args = QUICK if context.quick else FULL
+    context.progress(f"HF GPT-2 {args.layers} blocks x {args.width}, 2 stages, "
+                     f"{args.reps} interleaved repetitions")
+    result: dict[str, Any] = run_job(worker, args, timeout=1800)[0]
+    result["options"] = asdict(args)
     times = result["median_s"]
     if "torch" in times:
         result["throughput_ratio"] = times["torch"] / times["pipetrain"]
-    if args.json:
-        print(dump_json(result))
-        return
-    print(f"HF GPT-2, {args.layers} blocks x {args.width}, batch {args.batch} x {args.seq} tokens, "
-          f"{args.microbatches} micro-batches, 2 stages (medians of {args.reps} interleaved "
-          "repetitions)")
-    print(load_line(result["load_during_timing"]))
-    for name, seconds in times.items():
-        print(f"  {name:9s} step {seconds * 1e3:8.1f} ms  first loss {result['first_loss'][name]:.5f}"
-              f"  tied-weight gap after {result['steps']} steps {result['tied_gap'][name]:.3g}")
-    if "throughput_ratio" in result:
-        print(f"  throughput pipetrain / torch: {result['throughput_ratio']:.2f}x")
-    else:
-        print(f"  torch: not comparable ({result['torch_error']})")
+    rows = [[name, round(seconds * 1e3, 1),
+             round(times["torch"] / seconds, 2) if "torch" in times else None,
+             round(result["first_loss"][name], 5), f"{result['tied_gap'][name]:.3g}"]
+            for name, seconds in times.items()]
+    notes = (f"{load_line(result['load_during_timing'])}. The tied-weight gap is the largest "
+             f"difference between stage 0's token embedding and stage 1's output head after "
+             f"{result['steps']} steps: torch's pipeline() gives each stage its own copy and "
+             "nothing sums their gradients; pipetrain sums them.")
+    if result["torch_error"]:
+        notes += f" torch: not comparable ({result['torch_error']})."
+    table = Table(
+        title=f"Frontend: HF GPT-2 ({args.layers} blocks x {args.width}, batch {args.batch} x "
+              f"{args.seq} tokens, {args.microbatches} micro-batches), 2 stages, 1F1B, SGD",
+        columns=["framework", "median step ms", "throughput / torch", "first loss",
+                 "tied-weight gap"],
+        rows=rows,
+        anchor="torch.distributed.pipelining's pipeline() + Schedule1F1B on the same model, "
+               "cut at the same block, interleaved in the same 2 processes (gloo, 1 thread "
+               "each)",
+        notes=notes, key="frontend")
+    return BenchResult(tables=[table], data=result)
 
 
-if __name__ == "__main__":
-    main()
+CASE = Case(name="vs_torch_frontend",
+            title="Any nn.Module: Pipeline(model) vs torch's pipeline() on HF GPT-2",
+            run=run, quick_seconds=20, full_seconds=60, needs=("transformers",))
