@@ -100,12 +100,13 @@ def _pipetrain(args: Options, ctx: Any, split: str) -> tuple[Any, Any]:
                                           fuse_weight_gradients=args.fuse), context=ctx)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        return pipe.train_step(x, y)
+        return float(pipe.train_step(x, y))
 
     def tied() -> torch.Tensor:
         state = pipe.state_dict()
         name = "transformer.wte.weight" if dist.get_rank() == 0 else "lm_head.weight"
-        return state[name].detach().clone()
+        weight: torch.Tensor = state[name]
+        return weight.detach().clone()
 
     return step, tied
 
