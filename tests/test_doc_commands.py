@@ -99,6 +99,8 @@ def _take(document: Document, block: list[tuple[int, str]], language: str) -> No
         line = raw.strip()
         prompt = line.startswith("$ ")
         command = line[2:] if prompt else line
+        if command.startswith("pipetrain bench"):  # the benchmarks: run by their own test
+            continue
         if command.startswith("pipetrain "):
             for variant in _variants(_without_comment(command)):
                 current = Command(f"{document.path.name}:{number}", shlex.split(variant)[1:])

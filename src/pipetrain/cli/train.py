@@ -32,9 +32,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Train a byte-level GPT with pipeline parallelism. Run as is, it spawns "
             "stages x replicas local workers; under torchrun it is one worker of a "
-            "multi-machine job: torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d "
-            "--rdzv-endpoint HOST:PORT -m pipetrain train --stages K --replicas D "
-            "(with N x P = K x D). With --resume RUN it continues RUN in place, with RUN's "
+            "multi-machine job: on machine R of N, torchrun --nnodes N --node-rank R "
+            "--nproc-per-node P --master-addr HOST --master-port PORT -m pipetrain train "
+            "--stages K --replicas D (with N x P = K x D; see docs/multi-node.md). With --resume RUN it continues RUN in place, with RUN's "
             "options unless given again (changes are honoured and recorded in metrics.json)."
         ),
     )

@@ -186,7 +186,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(model, "--dropout", type=_rate, default=0.0, help="dropout rate (default 0)")
     data = parser.add_argument_group("data and output")
     add(data, "--data", default=None,
-        help="a text file to train on (default: the Python standard library's source)")
+        help="a text file, or a folder of text files, to train on (default: the Python "
+             "standard library's source)")
     add(data, "--out", default=None,
         help="run folder, new or empty (default runs/<date-time>; with --resume, the resumed run's)")
     add(data, "--resume", default=None, metavar="DIR",
