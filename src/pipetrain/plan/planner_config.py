@@ -35,8 +35,10 @@ PLANNED_SCHEDULES = tuple(s for s in TRAINING_SCHEDULES
                           if s not in ASYNC_SCHEDULES and _one_stage_per_rank(s))
 """The schedules the ``pipetrain`` cost model chooses from: every synchronous training
 schedule the registry knows that runs one stage per rank (not the interleaved ones: a plan
-gives each worker one stage; not the asynchronous ``pipedream`` and ``2bw``, whose updates
-differ from single-process training: name them in ``schedules`` to plan for them)."""
+gives each worker one stage; not the asynchronous ``pipedream`` and ``2bw``, whose stages
+update on their own: the cost model predicts a synchronized step, so they are refused in
+``schedules``; ``pipetrain train --plan FILE --schedule pipedream`` runs a plan's cut with
+them)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,9 +119,12 @@ class PlannerConfig:
                 except ValueError:
                     key = ""
                 if key not in PLANNED_SCHEDULES:
+                    why = ("its stages update on their own, without a step the cost model "
+                           "predicts" if key in ASYNC_SCHEDULES else
+                           "it runs several stages per worker and a plan runs one")
                     problems.append(
-                        f"schedule {name!r} cannot be planned; choose from "
-                        f"{', '.join(PLANNED_SCHEDULES)} (a plan runs one stage per worker)"
+                        f"schedule {name!r} cannot be planned ({why}); choose from "
+                        f"{', '.join(PLANNED_SCHEDULES)}"
                     )
                 names.append(key)
             if not self.schedules:
