@@ -222,7 +222,7 @@ def test_a_straight_pipeline_short_of_stages_says_how_many_it_needs() -> None:
 
 def test_bad_choices_are_refused_with_the_fix() -> None:
     flat = Topology.flat(2, 1e9)
-    with pytest.raises(ValueError, match=r"schedule 'interleaved-1f1b' cannot be planned; "
+    with pytest.raises(ValueError, match=r"schedule 'interleaved-1f1b' cannot be planned \(it runs several stages per worker and a plan runs one\); "
                                          r"choose from gpipe, 1f1b, zb-h1"):
         PlannerConfig(topology=flat, schedules=("interleaved-1f1b",))
     with pytest.raises(ValueError, match=r"schedule 'fast' cannot be planned"):

@@ -121,7 +121,8 @@ class PlannerConfig:
                 if key not in PLANNED_SCHEDULES:
                     why = ("its stages update on their own, without a step the cost model "
                            "predicts" if key in ASYNC_SCHEDULES else
-                           "it runs several stages per worker and a plan runs one")
+                           "it runs several stages per worker and a plan runs one"
+                           if key in TRAINING_SCHEDULES else "no such schedule")
                     problems.append(
                         f"schedule {name!r} cannot be planned ({why}); choose from "
                         f"{', '.join(PLANNED_SCHEDULES)}"
