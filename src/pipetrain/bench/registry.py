@@ -30,6 +30,7 @@ CASES: dict[str, str] = {
     "planner": "pipetrain.bench.cases.planner",
     "planner_speed": "pipetrain.bench.cases.planner_speed",
     "planner_vs_pipedream": "pipetrain.bench.cases.planner_vs_pipedream",
+    "pipedream_claims": "pipetrain.bench.cases.pipedream_claims",
 }
 """Case name -> the module defining its ``CASE``, in the order the suite runs them."""
 
