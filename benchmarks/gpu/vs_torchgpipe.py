@@ -135,7 +135,7 @@ def _probe(torchgpipe: Any, device: Any, info: dict[str, Any]) -> None:
 def _build(model: str, sizes: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]]:
     """The model (seeded) and a function making its batch on a device."""
     if model == "gpt":
-        from gpipe_local import build_model, make_batch
+        from pipetrain.bench.gpipe_runs import build_model, make_batch
 
         args = argparse.Namespace(model="gpt", seed=0, activation="relu", **sizes["gpt"])
         return build_model(args), lambda device: make_batch(args, device)
@@ -155,7 +155,7 @@ def _build(model: str, sizes: dict[str, Any]) -> tuple[Any, Callable[[Any], Any]
 def _case(ctx: ItemContext, torchgpipe: Any, model: str, precision: str,
           mode: str) -> dict[str, Any]:
     import pipetrain
-    from gpipe_local import make_step
+    from pipetrain.bench.gpipe_runs import make_step
     from pipetrain.bench.harness import PeakMemory
 
     sizes = ctx.pick(SIZES)
