@@ -1,6 +1,6 @@
-"""A GPT-2 bigger than one process's memory cap trains over 4 processes that each stay under it.
+"""Case ``frontend_meta_memory``: a GPT-2 bigger than one process's memory cap trains over 4 processes that each stay under it.
 
-The model (Hugging Face ``GPT2LMHeadModel``, byte vocabulary, default 2.25 GiB of fp32
+The model (Hugging Face ``GPT2LMHeadModel``, byte vocabulary; full size 2.25 GiB of fp32
 parameters: 48 blocks of width 1024) is built on the meta device in every process, so
 building and capturing it allocates nothing. Each of the 4 pipeline ranks materializes
 only its stage (a quarter of the blocks), trains 2 steps (1F1B, 4 micro-batches, SGD
@@ -10,47 +10,68 @@ step's gradient buffers while autograd makes new ones for the weights it accumul
 itself (GPT-2's ``Conv1D``), one more copy of the stage's gradients at the peak. The cap
 is the whole model's weights plus their gradients (2x its parameter bytes): the least
 that training it in one process holds, before activations, optimizer state and the
-interpreter; the report also compares every peak with the weights alone. Two runs:
+interpreter; every peak is also compared with the weights alone. Two runs:
 
 * ``init``: every rank initializes its stage with the model's own ``_init_weights``;
 * ``safetensors``: every rank loads its stage from a sharded Hugging Face checkpoint
   (``model.safetensors.index.json``, one shard per block, written here shard by shard so
   that the writer never holds the model either), reading only its own tensors.
 
-Figures on a shared machine are "under load". Usage::
-
-    python benchmarks/frontend_meta_memory.py [--layers 32 --width 1024 --json]
+``--quick``: the ``safetensors`` run alone, of 4 blocks of width 128 (8 MiB of
+parameters), where the interpreter and torch's own memory dominate every rank's peak:
+it shows the mechanism, not the saving.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
 from pipetrain.launch import run_processes
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+__all__ = ["CASE", "Options", "run", "worker"]
+
+_MIB = 2**20
 
 
-def _meta_model(args: argparse.Namespace) -> torch.nn.Module:
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The GPT-2's shape, the batch and the steps."""
+
+    layers: int = 48
+    width: int = 1024
+    batch: int = 4
+    seq: int = 16
+    steps: int = 2
+    runs: tuple[str, ...] = ("init", "safetensors")
+    """How the ranks get their weights: ``init`` (their own), ``safetensors`` (loaded)."""
+
+
+FULL = Options()
+QUICK = replace(FULL, layers=4, width=128, runs=("safetensors",))
+
+
+def _meta_model(args: Options) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(vocab_size=256, n_positions=64, n_embd=args.width, n_layer=args.layers,
                         n_head=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=0, eos_token_id=0)
     with torch.device("meta"):
-        return GPT2LMHeadModel(config)
+        model: torch.nn.Module = GPT2LMHeadModel(config)
+    return model
 
 
-def _write_checkpoint(args: argparse.Namespace, folder: str) -> None:
+def _write_checkpoint(args: Options, folder: str) -> None:
     """A sharded checkpoint, one shard per top-level piece, never the whole model at once."""
     from safetensors.torch import save_file
 
@@ -77,9 +98,11 @@ def _write_checkpoint(args: argparse.Namespace, folder: str) -> None:
         json.dump({"metadata": {}, "weight_map": weight_map}, handle)
 
 
-def worker(ctx: Any, args: argparse.Namespace, weights: str | None) -> dict[str, Any]:
+def worker(ctx: Any, args: Options, weights: str | None) -> dict[str, Any]:
+    """One rank: its stage materialized (initialized or loaded), trained; its peaks."""
     from pipetrain import Pipeline, PipelineConfig
 
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this spawned rank's own environment
     torch.set_num_threads(1)
     model = _meta_model(args)
     g = torch.Generator().manual_seed(1)
@@ -102,23 +125,47 @@ def worker(ctx: Any, args: argparse.Namespace, weights: str | None) -> dict[str,
             "stage_parameter_bytes": held, "losses": losses, "tensors_read": read}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def _table(results: dict[str, Any], args: Options) -> Table:
+    full, cap = results["model_parameter_bytes"], results["cap_bytes"]
+    rows = []
+    for name in args.runs:
+        for rank, r in enumerate(results[name]):
+            rows.append([name, rank, round(r["stage_parameter_bytes"] / _MIB),
+                         round(r["peak_rss_first_step"] / _MIB), round(r["peak_rss"] / _MIB),
+                         round(r["peak_rss"] / cap, 2), r["peak_rss"] < cap,
+                         r["peak_rss_first_step"] < full])
+    return Table(
+        title=f"Meta-device GPT-2, {args.layers} blocks x {args.width} "
+              f"({full / _MIB:.0f} MiB of fp32 parameters), over 4 processes: peak RSS per rank",
+        columns=["weights", "rank", "stage parameters MiB", "peak RSS after step 1 MiB",
+                 f"peak RSS after {args.steps} steps MiB", "peak / cap", "under the cap",
+                 "step 1 under the weights alone"],
+        rows=rows,
+        anchor=f"the cap, {cap / _MIB:.0f} MiB: the whole model's weights and gradients, the "
+               "least that training it in one process holds",
+        notes="init: each rank initializes its stage with the model's own _init_weights; "
+              "safetensors: each rank reads only its own tensors from a sharded checkpoint. "
+              "A small model (quick sizes) is dominated by the interpreter's and torch's own "
+              "memory: only the full size compares with the cap.",
+        key="peaks")
+
+
+def run(context: BenchContext) -> BenchResult:
+    """Write the sharded checkpoint, then train both ways on 4 ranks; each rank's peaks."""
+    args = QUICK if context.quick else FULL
     model = _meta_model(args)
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     cap = 2 * full  # the whole model's weights and gradients
-    results: dict[str, Any] = {"model_parameter_bytes": full, "cap_bytes": cap, "args": vars(args)}
+    results: dict[str, Any] = {"model_parameter_bytes": full, "cap_bytes": cap,
+                               "options": asdict(args)}
     folder = tempfile.mkdtemp(prefix="pipetrain-meta-")
     try:
-        _write_checkpoint(args, folder)
-        for name, weights in (("init", None), ("safetensors", folder)):
+        if "safetensors" in args.runs:
+            context.progress(f"writing a sharded checkpoint of {full / _MIB:.0f} MiB")
+            _write_checkpoint(args, folder)
+        for name in args.runs:
+            weights = folder if name == "safetensors" else None
+            context.progress(f"{name}: 4 ranks, {args.steps} steps")
             ranks = run_processes(worker, 4, args, weights, timeout=3000)
             results[name] = ranks
             results[f"{name}_under_cap"] = all(r["peak_rss"] < cap for r in ranks)
@@ -126,20 +173,9 @@ def main() -> None:
                 r["peak_rss_first_step"] < full for r in ranks)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    print(f"GPT-2 {args.layers} x {args.width}: {full / 2**30:.2f} GiB of fp32 parameters; "
-          f"per-process cap {cap / 2**30:.2f} GiB (weights + gradients; measured under load)")
-    for name in ("init", "safetensors"):
-        peaks = ", ".join(f"{r['peak_rss_first_step'] / 2**30:.2f} / {r['peak_rss'] / 2**30:.2f}"
-                          for r in results[name])
-        stages = ", ".join(f"{r['stage_parameter_bytes'] / 2**30:.2f}" for r in results[name])
-        print(f"  {name:11s} peak RSS per rank, first step / all (GiB): {peaks}; stage parameters (GiB): "
-              f"{stages}; all under the cap: {results[f'{name}_under_cap']}; first step under the "
-              f"weights alone: {results[f'{name}_first_step_under_weights']}; losses rank 3: "
-              f"{[round(v, 4) for v in results[name][3]['losses']]}")
+    return BenchResult(tables=[_table(results, args)], data=results)
 
 
-if __name__ == "__main__":
-    main()
+CASE = Case(name="frontend_meta_memory",
+            title="A meta-device GPT-2 over 4 processes, each under the one-process cap",
+            run=run, quick_seconds=25, full_seconds=240, needs=("transformers", "safetensors"))
