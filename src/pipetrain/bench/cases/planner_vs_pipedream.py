@@ -192,7 +192,7 @@ def run(context: BenchContext) -> BenchResult:
         raise ValueError(f"{CHECKOUT_ENV}={checkout!r} has no optimizer/ folder; give a "
                          "checkout of https://github.com/msr-fiddle/pipedream")
     clusters = [c for c in CLUSTERS if len(c.workers) == 1] if context.quick else CLUSTERS
-    rows = []
+    rows: list[dict[str, Any]] = []
     for model in MODELS:
         context.progress(f"{model}: {len(clusters)} clusters"
                          + (", PipeDream's optimizer too" if pipedream else ""))
