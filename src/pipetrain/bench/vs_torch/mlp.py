@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipetrain.bench.harness import foreign_load, gather_objects
-from vs_torch.analysis import compare, runner_rows
-from vs_torch.costs import measure_costs, merge_costs
-from vs_torch.runners import PipetrainRunner, TorchRunner, placement, stage_ranges
-from vs_torch.session import build_runners, first_losses, time_runners
+from pipetrain.bench.vs_torch.analysis import compare, runner_rows
+from pipetrain.bench.vs_torch.costs import measure_costs, merge_costs
+from pipetrain.bench.vs_torch.options import Options
+from pipetrain.bench.vs_torch.runners import PipetrainRunner, TorchRunner, placement, stage_ranges
+from pipetrain.bench.vs_torch.session import build_runners, first_losses, time_runners
 
 __all__ = ["LR", "analyse_mlp", "mlp_worker"]
 
@@ -28,7 +29,7 @@ def _sgd(params: Any) -> Any:
     return torch.optim.SGD(params, lr=LR)
 
 
-def _isolated(factories: Sequence[Any], num_stages: int, opts: Any) -> dict[str, Any]:
+def _isolated(factories: Sequence[Any], num_stages: int, opts: Options) -> dict[str, Any]:
     """Per-stage costs of this rank's stages, both ranks at once (no pipeline)."""
     import torch
     import torch.distributed as dist
@@ -46,9 +47,11 @@ def _isolated(factories: Sequence[Any], num_stages: int, opts: Any) -> dict[str,
         if stage_to_rank[j] != rank:
             continue
         last = j == num_stages - 1
+        def batch(j: int = j) -> tuple[Any, Any]:
+            return x.clone().requires_grad_(j > 0), t
+
         costs = measure_costs(
-            nn.Sequential(*(factories[i]() for i in ranges[j])),
-            lambda j=j: (x.clone().requires_grad_(j > 0), t),
+            nn.Sequential(*(factories[i]() for i in ranges[j])), batch,
             loss_fn=torch.nn.functional.mse_loss if last else None, optimizer=_sgd,
             microbatches=opts.microbatches,
             rounds=max(1, opts.isolated_repeats // opts.microbatches))
@@ -67,13 +70,13 @@ def _reference_losses(factories: Sequence[Any], pool: Sequence[Any], target: Any
     for k in range(2):
         loss = torch.nn.functional.mse_loss(model(pool[k % len(pool)]), target)
         losses.append(loss.item())
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
         opt.zero_grad(set_to_none=True)
     return losses
 
 
-def mlp_worker(ctx: Any, opts: Any) -> dict[str, Any]:
+def mlp_worker(ctx: Any, opts: Options) -> dict[str, Any]:
     """Every rank: build, check, time; rank 0 returns everything gathered."""
     import torch
     import torch.distributed as dist
@@ -88,7 +91,7 @@ def mlp_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     def batch(k: int) -> tuple[Any, Any]:
         return pool[k % len(pool)], target
 
-    common = {"microbatches": opts.microbatches, "loss_fn": torch.nn.functional.mse_loss,
+    common: dict[str, Any] = {"microbatches": opts.microbatches, "loss_fn": torch.nn.functional.mse_loss,
               "optimizer": _sgd}
     runners, failures = build_runners(
         opts.schedules,
@@ -110,7 +113,7 @@ def mlp_worker(ctx: Any, opts: Any) -> dict[str, Any]:
             "first_losses": losses, "reference_losses": reference, "isolated": isolated}
 
 
-def analyse_mlp(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
+def analyse_mlp(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     """The report's figures from what the ranks gathered (in the parent)."""
     isolated = {n: merge_costs(per_rank, n) for n, per_rank in raw["isolated"].items()}
     rows = runner_rows(raw["runners"], raw["gathered"], isolated, opts.microbatches)

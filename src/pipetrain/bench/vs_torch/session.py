@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipetrain.bench.harness import agree, gather_objects, interleave
-from vs_torch.runners import TORCH_VARIANTS
+from pipetrain.bench.vs_torch.runners import TORCH_VARIANTS
 
 __all__ = ["build_runners", "first_losses", "time_runners"]
 

@@ -1,4 +1,4 @@
-"""The runners and analyses of ``benchmarks/vs_torch_pipelining.py``, one module per part.
+"""pipetrain beside torch.distributed.pipelining: the runners and analyses of case ``vs_torch_pipelining``.
 
 - :mod:`.runners`: one training step of pipetrain's ``Pipeline`` and of
   torch.distributed.pipelining for a schedule, same layers, same cut, same optimizer;
@@ -6,7 +6,8 @@
   them, torch's order as a pipetrain schedule;
 - :mod:`.analysis`: the recorded actions of the timed steps against the simulator;
 - :mod:`.mlp`, :mod:`.gpt_speedup`, :mod:`.transformer`: the three parts;
-- :mod:`.report`: their text reports.
+- :mod:`.options`: their sizes and repetitions;
+- :mod:`.tables`: their tables (:mod:`pipetrain.bench.cases.vs_torch_pipelining`).
 """
 
 from __future__ import annotations

@@ -19,11 +19,12 @@ from pipetrain.bench.harness import (
     quartiles,
     step_times,
 )
-from vs_torch.analysis import timeline_analysis
+from pipetrain.bench.vs_torch.analysis import timeline_analysis
+from pipetrain.bench.vs_torch.options import Options
 
 __all__ = ["analyse_gpt", "gpt_worker"]
 
-_CONFIG = {"num_layers": 4, "width": 64, "num_heads": 4, "context": 128}
+_CONFIG: dict[str, Any] = {"num_layers": 4, "width": 64, "num_heads": 4, "context": 128}
 _BATCH = 32
 
 
@@ -65,14 +66,14 @@ class _Single:
         from pipetrain.models import gpt_loss
 
         loss = gpt_loss(self.model(x), y)
-        loss.backward()
+        torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(loss.item())
 
 
-def gpt_worker(ctx: Any, opts: Any) -> dict[str, Any]:
+def gpt_worker(ctx: Any, opts: Options) -> dict[str, Any]:
     """Every rank: the pipeline and (rank 0) the single process, timed alternately."""
     import torch.distributed as dist
 

@@ -12,7 +12,7 @@ ONE process with one thread on the full batch (rank 0; rank 1 idles).
 The yardstick (the *ideal*): every layer's forward, backward and optimizer step measured
 on a micro-batch in one process alone (rank 0, rank 1 waiting), summed per stage, and
 each framework's action order simulated with those costs: the step with no contention
-between the ranks, no communication and no overhead. ``--tf-balance auto`` cuts the
+between the ranks, no communication and no overhead. ``tf_balance=None`` cuts the
 layers where that ideal 1F1B step is shortest (both frameworks get the cut). The same
 per-stage costs measured with both ranks computing at once give the *contended* ideal:
 what two processes sharing the machine's caches and memory cost each other.
@@ -24,10 +24,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipetrain.bench.harness import foreign_load, gather_objects, median, step_times, summary
-from vs_torch.analysis import compare, runner_rows
-from vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
-from vs_torch.runners import PipetrainRunner, TorchRunner, stage_ranges
-from vs_torch.session import build_runners, first_losses, time_runners
+from pipetrain.bench.vs_torch.analysis import compare, runner_rows
+from pipetrain.bench.vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
+from pipetrain.bench.vs_torch.options import Options
+from pipetrain.bench.vs_torch.runners import PipetrainRunner, TorchRunner, stage_ranges
+from pipetrain.bench.vs_torch.session import build_runners, first_losses, time_runners
 
 __all__ = ["analyse_transformer", "transformer_worker"]
 
@@ -40,14 +41,14 @@ def _adamw(params: Any) -> Any:
     return torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
 
 
-def _config(opts: Any) -> Any:
+def _config(opts: Options) -> Any:
     from pipetrain.models import GPTConfig
 
     return GPTConfig(num_layers=opts.tf_blocks, width=opts.tf_width, num_heads=opts.tf_heads,
                      context=opts.tf_seq, tie_embeddings=False)
 
 
-def _layer_costs(factories: Sequence[Any], batches: Any, opts: Any) -> list[dict[str, float]]:
+def _layer_costs(factories: Sequence[Any], batches: Any, opts: Options) -> list[dict[str, float]]:
     """Every layer's costs on a micro-batch, in this process alone."""
     import torch
 
@@ -60,15 +61,19 @@ def _layer_costs(factories: Sequence[Any], batches: Any, opts: Any) -> list[dict
     costs = []
     for i, factory in enumerate(factories):
         first, last = i == 0, i == len(factories) - 1
+
+        def batch(first: bool = first) -> tuple[Any, Any]:
+            return x if first else hidden.clone().requires_grad_(True), y
+
         costs.append(measure_costs(
-            factory(), lambda first=first: (x if first else hidden.clone().requires_grad_(True), y),
+            factory(), batch,
             loss_fn=gpt_loss if last else None, optimizer=_adamw,
             microbatches=opts.tf_microbatches, rounds=opts.tf_cost_rounds))
     return costs
 
 
 def _stage_costs(factories: Sequence[Any], ranges: Sequence[range], batches: Any,
-                 opts: Any) -> dict[str, float]:
+                 opts: Options) -> dict[str, float]:
     """This rank's stage's costs (its layers as one module), both ranks at once."""
     import torch
     import torch.distributed as dist
@@ -101,7 +106,7 @@ def _best_balance(layers: Sequence[dict[str, float]], microbatches: int) -> list
     return [best, n - best]
 
 
-def _single_isolated(factories: Sequence[Any], batches: Any, opts: Any) -> float:
+def _single_isolated(factories: Sequence[Any], batches: Any, opts: Options) -> float:
     """The median full-batch step of the whole model in this process alone."""
     import time
 
@@ -129,10 +134,12 @@ class _Single:
         self.optimizer = _adamw(self.model.parameters())
 
     def step(self, x: Any, y: Any) -> float:
+        import torch
+
         from pipetrain.models import gpt_loss
 
         loss = gpt_loss(self.model(x), y)
-        loss.backward()
+        torch.autograd.backward(loss)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(loss.item())
@@ -147,7 +154,7 @@ class _Absent:
         raise AssertionError("the single-process step runs on rank 0 only")
 
 
-def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
+def transformer_worker(ctx: Any, opts: Options) -> dict[str, Any]:
     """Every rank: costs, balance, runners, first losses, interleaved timing."""
     import torch.distributed as dist
 
@@ -166,8 +173,8 @@ def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
                 if rank == 0 else None)
     dist.barrier()
     layers, single_isolated = gather_objects(isolated)[0]
-    balance = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance == "auto"
-               else [int(v) for v in opts.tf_balance.split(",")])
+    balance = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance is None
+               else list(opts.tf_balance))
     ranges = stage_ranges(len(factories), 2, balance)
     dist.barrier()
     contended = gather_objects(_stage_costs(factories, ranges, batches, opts))
@@ -189,7 +196,7 @@ def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
     for name in losses:  # torch's losses were divided by M: its mean is M times too small
         if not name.startswith("pipetrain:"):
             losses[name] = [v * M for v in losses[name]]
-    single = _Single(factories) if rank == 0 else _Absent()
+    single: Any = _Single(factories) if rank == 0 else _Absent()
     if rank == 0:
         losses["single"] = [single.step(*batches(k)) for k in range(2)]
     gathered, info = time_runners([*runners, single], batches, reps=opts.tf_reps,
@@ -201,7 +208,7 @@ def transformer_worker(ctx: Any, opts: Any) -> dict[str, Any]:
             "single_isolated_s": single_isolated}
 
 
-def analyse_transformer(raw: dict[str, Any], opts: Any) -> dict[str, Any]:
+def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     """Ratios, speedups and the gap between each step and its ideal (in the parent)."""
     balance = raw["balance"]
     n = sum(balance)

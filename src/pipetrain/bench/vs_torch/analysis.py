@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipetrain.bench.harness import median, step_times, summary
-from vs_torch.costs import ideal, torch_schedule_as_pipetrain
-from vs_torch.runners import TORCH_VARIANTS, WORLD_SIZE
+from pipetrain.bench.vs_torch.costs import ideal, torch_schedule_as_pipetrain
+from pipetrain.bench.vs_torch.runners import TORCH_VARIANTS, WORLD_SIZE
 
 __all__ = ["compare", "runner_rows", "timeline_analysis"]
 
@@ -156,7 +156,7 @@ def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any
             schedule, extra = _torch_schedule(label, info, gathered, microbatches)
             row.update(extra)
         if schedule is not None and all(records):
-            row.update(timeline_analysis(records, schedule, times))  # type: ignore[arg-type]
+            row.update(timeline_analysis(records, schedule, times))
             if info["framework"] == "torch":
                 row["scale_grads_s"] = median([max(g["scale_seconds"][label][k] for g in gathered)
                                                for k in range(len(times))])

@@ -1,0 +1,85 @@
+"""Case ``vs_torch_pipelining``: pipetrain vs torch.distributed.pipelining, the same training step side by side in one run.
+
+Part 1 (MLP, memory-bound: communication- and overhead-sensitive): 2 ranks (processes),
+1 intra-op thread each, gloo on 127.0.0.1. The model is ``depth`` x [Linear(width,
+width) + GELU] (full size 8 x 1024; each pair one layer, built from pipetrain's seeded
+layer factories, so both frameworks start from the same weights), batch 64 split into 8
+micro-batches, MSE loss against a fixed target, SGD. One *training step* is timed as a
+whole: forward, backward and the optimizer step (pipetrain: ``Pipeline.train_step``;
+torch: ``schedule.step(...)`` + ``optimizer.step()`` + ``zero_grad()``). For every
+schedule both frameworks have (:data:`pipetrain.bench.vs_torch.runners.TORCH_VARIANTS`):
+gpipe / ``ScheduleGPipe``, 1f1b / ``Schedule1F1B``, interleaved-1f1b /
+``ScheduleInterleaved1F1B`` (2 stages per rank), zb-h1 / ``ScheduleInterleavedZeroBubble``
+with one stage per rank (ZB-H1's order on 2 ranks) and its 2-stage and V forms,
+looped-bfs / ``ScheduleLoopedBFS``, zb-v / ``ScheduleZBVZeroBubble``, dualpipe-v /
+``ScheduleDualPipeV``. The ratio of a schedule is taken against the fastest torch
+variant; a torch variant that cannot be built or run is reported as not comparable.
+
+Part 2 (the default GPT of ``pipetrain train``: 4 blocks, width 64, 4 heads, context 128,
+batch 32, AdamW, clipping 1.0, 1F1B on 2 stages, 8 micro-batches) against the same model
+trained in ONE process with 1 thread, alternating step by step; the speedup (ideal 2x).
+
+Part 3 (GPT, compute-bound: 8 blocks, width 256, 8 heads, sequence 128, batch 32 in 8
+micro-batches, AdamW): pipetrain's ``gpipe`` and ``1f1b`` beside torch's
+``ScheduleGPipe`` and ``Schedule1F1B`` (the same cut for both, where the ideal step is
+shortest) and the whole model in one process, interleaved.
+
+Method: all runners live in the same two processes; after a warm-up, repetitions go
+round-robin over them; each timed step starts after a barrier, and the step time is the
+max over the ranks; medians. The first two losses of every runner are compared with each
+other and with single-process training. pipetrain's recorded actions give its measured
+step against the simulator's prediction; torch's stages' compute calls are timed for the
+same analysis; both are compared with an *ideal* step (their action order simulated with
+costs measured in isolation). Details: :mod:`pipetrain.bench.vs_torch`. ``--quick``:
+smaller models (MLP 8 x 256, batch 32; compute-bound GPT 4 blocks x 128, sequence 64,
+batch 16 in 4 micro-batches) and a few repetitions, every schedule kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.harness import run_job
+from pipetrain.bench.vs_torch.gpt_speedup import analyse_gpt, gpt_worker
+from pipetrain.bench.vs_torch.mlp import analyse_mlp, mlp_worker
+from pipetrain.bench.vs_torch.options import Options
+from pipetrain.bench.vs_torch.tables import goals, gpt_table, mlp_tables, transformer_tables
+from pipetrain.bench.vs_torch.transformer import analyse_transformer, transformer_worker
+
+__all__ = ["CASE", "FULL", "QUICK", "run"]
+
+FULL = Options()
+QUICK = replace(FULL, reps=3, warmup=1, width=256, batch=32, isolated_repeats=8,
+                gpt_reps=3, gpt_warmup=2, tf_blocks=4, tf_width=128, tf_heads=4, tf_seq=64,
+                tf_batch=16, tf_microbatches=4, tf_reps=3, tf_warmup=1, tf_cost_rounds=1)
+
+
+def run(context: BenchContext) -> BenchResult:
+    """The three parts, each in its own 2-rank job; their tables."""
+    opts = QUICK if context.quick else FULL
+    parts: list[tuple[str, Callable[..., Any], Callable[[dict[str, Any]], dict[str, Any]]]] = [
+        ("mlp", mlp_worker, lambda raw: analyse_mlp(raw, opts)),
+        ("gpt", gpt_worker, analyse_gpt),
+        ("transformer", transformer_worker, lambda raw: analyse_transformer(raw, opts)),
+    ]
+    output: dict[str, Any] = {"options": asdict(opts), "world_size": 2, "threads_per_rank": 1}
+    for name, worker, analyse in parts:
+        context.progress(f"part {name}: 2 ranks x 1 thread")
+        began = time.perf_counter()
+        raw = run_job(worker, opts, malloc_tuned=opts.malloc_tuned, timeout=opts.timeout)[0]
+        output[name] = analyse(raw)
+        output[name]["seconds"] = time.perf_counter() - began
+    output["goals"] = goals(output)
+    tables: list[Table] = [*mlp_tables(output["mlp"], opts), gpt_table(output["gpt"]),
+                           *transformer_tables(output["transformer"])]
+    return BenchResult(tables=tables, data=output)
+
+
+CASE = Case(name="vs_torch_pipelining",
+            title="Pipeline vs torch.distributed.pipelining: every schedule, memory- and "
+                  "compute-bound models",
+            run=run, quick_seconds=30, full_seconds=420)
