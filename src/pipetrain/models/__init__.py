@@ -8,6 +8,11 @@ Example:
 
 from __future__ import annotations
 
+from pipetrain.models.amoebanet import (
+    AmoebaNetConfig,
+    amoebanet_layer_factories,
+    build_amoebanet,
+)
 from pipetrain.models.factory import (
     LayerFactory,
     Tie,
@@ -30,10 +35,13 @@ from pipetrain.models.unet import unet
 
 __all__ = [
     "MODELS",
+    "AmoebaNetConfig",
     "GPTConfig",
     "LayerFactory",
     "ResNetConfig",
     "Tie",
+    "amoebanet_layer_factories",
+    "build_amoebanet",
     "build_gpt",
     "build_mlp",
     "build_resnet",
