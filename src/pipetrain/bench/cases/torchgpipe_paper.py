@@ -1,0 +1,148 @@
+"""Case ``torchgpipe_paper``: the torchgpipe paper's AmoebaNet-D and U-Net benchmarks at a
+CPU size, pipetrain.GPipe beside torchgpipe 0.0.7's GPipe and the plain model.
+
+The paper (Kim et al., 2020) measures the training throughput of AmoebaNet-D and U-Net
+for several partition counts ``n`` and micro-batch counts ``m``, and the largest model
+each setting trains. Here both models are cut into K = 1, 2 and 4 partitions, all on the
+CPU, for a couple of chunk counts and every checkpoint mode (``always``,
+``except_last``, ``never``); for each setting, pipetrain.GPipe, torchgpipe.GPipe (the
+same model, weights, batch, balance, chunks and mode; its defaults otherwise, as its
+users run it) and the plain ``nn.Sequential`` train in three processes of their own
+(:mod:`.torchgpipe_paper_runs`), their outputs are checked equal, their steps timed
+interleaved and their peak memory (RSS growth) measured. The tables give medians,
+ratios and the paper's figures beside them (:mod:`.torchgpipe_paper_tables`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from pipetrain.bench.case import BenchContext, BenchResult, Case
+from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, profile_balance
+from pipetrain.bench.cases.torchgpipe_paper_runs import Runners, Setting
+from pipetrain.bench.cases.torchgpipe_paper_tables import measured_tables
+from pipetrain.bench.harness import median, quartiles
+
+__all__ = ["CASE", "FULL", "MODES", "QUICK", "Plan", "measure", "run", "settings"]
+
+MODES = ("never", "except_last", "always")
+_TIMEOUT_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one run measures: the workloads, partition and chunk counts, checkpoint modes,
+    and how many steps it times (``rounds * block`` per runner and setting, after
+    ``warmup``). ``processes_per_group``: a fresh process per runner serves each (model,
+    partitions, chunks) group, its checkpoint modes in turn; else one process per
+    runner serves every setting (the quick run, where starting processes would take
+    most of the time). ``threads``: each runner's intra-op threads (``None``: torch's
+    default, what its users run).
+
+    Example:
+        >>> len(settings(QUICK, {"amoebanet": {2: [4, 5]}, "unet": {2: [5, 6]}}))
+        9
+    """
+
+    workloads: dict[str, Workload]
+    partitions: tuple[int, ...]
+    chunks: dict[str, tuple[int, ...]]
+    modes: tuple[str, ...] = MODES
+    warmup: int = 2
+    rounds: int = 3
+    block: int = 3
+    processes_per_group: bool = True
+    threads: int | None = None
+
+
+QUICK = Plan(
+    workloads={"amoebanet": Workload(model="amoebanet", size=(3, 16), image=32, batch=16),
+               "unet": Workload(model="unet", size=(2, 8), image=32, batch=16)},
+    partitions=(2,), chunks={"amoebanet": (1, 4), "unet": (4,)},
+    warmup=2, rounds=2, block=2, processes_per_group=False)
+FULL = Plan(
+    workloads={"amoebanet": Workload(model="amoebanet", size=(6, 32), image=64, batch=32),
+               "unet": Workload(model="unet", size=(3, 8), image=64, batch=32)},
+    partitions=(1, 2, 4), chunks={"amoebanet": (1, 4), "unet": (2, 8)})
+
+
+def settings(plan: Plan, balances: dict[str, dict[int, list[int]]]) -> list[Setting]:
+    """Every setting of ``plan``, grouped by (model, partitions, chunks), modes innermost."""
+    return [Setting(workload=work, balance=tuple(balances[name][k]), chunks=m, checkpoint=mode)
+            for name, work in plan.workloads.items() for k in plan.partitions
+            for m in plan.chunks[name] for mode in plan.modes]
+
+
+def _record(setting: Setting, setup: dict[str, Any], seconds: dict[str, list[float]],
+            run_mib: dict[str, Any]) -> dict[str, Any]:
+    batch = setting.workload.batch
+    medians = {runner: median(seconds[runner]) for runner in RUNNERS}
+    return {
+        "model": setting.workload.model, "partitions": setting.num_partitions,
+        "chunks": setting.chunks, "checkpoint": setting.checkpoint,
+        "balance": list(setting.balance), "batch": batch,
+        "median_step_s": medians,
+        "quartiles_step_s": {runner: quartiles(seconds[runner]) for runner in RUNNERS},
+        "step_s": seconds,
+        "samples_per_s": {runner: batch / medians[runner] for runner in RUNNERS},
+        "first_step_peak_mib": {runner: mib for runner, (mib, _) in setup.items()},
+        "run_peak_mib": run_mib,
+        "torch_threads": {runner: threads for runner, (_, threads) in setup.items()},
+    }
+
+
+def measure(plan: Plan, progress: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run every setting of ``plan``: one record per setting, and the balances used."""
+    balances = {name: profile_balance(work, list(plan.partitions))
+                for name, work in plan.workloads.items()}
+    records: list[dict[str, Any]] = []
+    groups: dict[tuple[str, int, int], list[Setting]] = {}
+    for setting in settings(plan, balances):
+        key = (setting.workload.model, setting.num_partitions, setting.chunks)
+        groups.setdefault(key if plan.processes_per_group else ("all", 0, 0), []).append(setting)
+    for group in groups.values():
+        with Runners(timeout=_TIMEOUT_S, threads=plan.threads) as runners:
+            for setting in group:
+                setup = runners.setup(setting)
+                seconds = runners.time(warmup=plan.warmup, rounds=plan.rounds,
+                                       block=plan.block)
+                record = _record(setting, setup, seconds, runners.peaks())
+                records.append(record)
+                progress(_line(record))
+    return records, balances
+
+
+def _line(record: dict[str, Any]) -> str:
+    rate, mib = record["samples_per_s"], record["run_peak_mib"]
+    memory = "" if mib["pipetrain"] is None else \
+        f"; peak MiB pipetrain {mib['pipetrain']:.0f}, torchgpipe {mib['torchgpipe']:.0f}"
+    return (f"{record['model']} K={record['partitions']} m={record['chunks']} "
+            f"{record['checkpoint']}: samples/s pipetrain {rate['pipetrain']:.1f}, torchgpipe "
+            f"{rate['torchgpipe']:.1f} ({rate['pipetrain'] / rate['torchgpipe']:.2f}x), plain "
+            f"{rate['plain']:.1f}{memory}")
+
+
+def run(context: BenchContext) -> BenchResult:
+    """Measure the plan of ``context`` (quick or full) and tabulate it."""
+    plan = QUICK if context.quick else FULL
+    started = time.perf_counter()
+    records, balances = measure(plan, context.progress)
+    workloads = {name: work.label for name, work in plan.workloads.items()}
+    data = {
+        "workloads": workloads,
+        "balances": {name: {str(k): b for k, b in by_k.items()} for name, by_k in
+                     balances.items()},
+        "timing": {"warmup": plan.warmup, "rounds": plan.rounds, "block": plan.block,
+                   "processes": "one per runner and (model, partitions, chunks)"
+                   if plan.processes_per_group else "one per runner"},
+        "records": records, "wall_s": time.perf_counter() - started,
+    }
+    return BenchResult(tables=measured_tables(records, workloads), data=data)
+
+
+CASE = Case(name="torchgpipe_paper",
+            title="torchgpipe paper: AmoebaNet-D and U-Net, pipetrain.GPipe vs torchgpipe "
+                  "0.0.7 per checkpoint mode",
+            run=run, quick_seconds=25, full_seconds=420, needs=("torchgpipe",))

@@ -1,0 +1,227 @@
+"""The torchgpipe paper's runners, each in its own process: pipetrain.GPipe, torchgpipe.GPipe
+and the plain model train the same setting; their outputs are checked, their peak memory
+measured and their steps timed in turn.
+
+Each runner lives in a process of its own (spawned), as its users run it: pipetrain's
+partition threads and torchgpipe's device thread do not share a process, and the peak
+memory of one is not the other's (the CPU figure is the whole process's resident set).
+A process serves settings one after another: for each, it builds the model, answers
+the eval-mode output of the batch (the three must agree: the same function of the same
+weights), then measures its peak memory from there (RSS growth, reset per setting, see
+:class:`~pipetrain.bench.harness.PeakMemory`) over its first training step and, later,
+over every step it took. :meth:`Runners.time` interleaves the runners: after a warm-up,
+rounds in which each runner in turn (the first one rotating) takes one untimed step then
+``block`` timed ones, so a busy spell of a shared machine hits all of them alike.
+
+A training step is torchgpipe's benchmarks' (``benchmarks/amoebanetd-speed``): forward,
+the loss, backward, an SGD update, gradients zeroed.
+
+Example::
+
+    with Runners(timeout=120.0) as runners:
+        check = runners.setup(setting)            # outputs agree; first-step MiB, threads
+        times = runners.time(warmup=2, rounds=4, block=3)
+        peaks = runners.peaks()                   # MiB over every step of the setting
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import multiprocessing as mp
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, wrap
+from pipetrain.bench.harness import PeakMemory, memory_available
+
+__all__ = ["Runners", "Setting", "serve"]
+
+_LEARNING_RATE = 1e-3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setting:
+    """One measured configuration: the workload, its balance, chunks and checkpoint mode.
+
+    Example:
+        >>> work = Workload(model="unet", size=(2, 4), image=16, batch=4)
+        >>> Setting(workload=work, balance=(5, 6), chunks=2, checkpoint="never").num_partitions
+        2
+    """
+
+    workload: Workload
+    balance: tuple[int, ...]
+    chunks: int
+    checkpoint: str
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.balance)
+
+
+class _Trainer:
+    """One runner's model of one setting, its batch and its optimizer."""
+
+    def __init__(self, runner: str, setting: Setting) -> None:
+        self.workload = setting.workload
+        self.model = wrap(runner, setting.workload.build(), balance=list(setting.balance),
+                          chunks=setting.chunks, checkpoint=setting.checkpoint)
+        self.inputs, self.target = setting.workload.inputs()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=_LEARNING_RATE)
+
+    def eval_output(self) -> torch.Tensor:
+        self.model.eval()
+        with torch.no_grad():
+            output: torch.Tensor = self.model(self.inputs)
+        self.model.train()
+        return output
+
+    def step(self) -> None:
+        loss = self.workload.loss(self.model(self.inputs), self.target)
+        torch.autograd.backward(loss)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def serve(runner: str, conn: Connection, threads: int | None = None) -> None:
+    """A runner's process: answers the parent's requests until it sends ``None``.
+
+    ``threads``: ``torch.set_num_threads`` (``None``: torch's default). Requests:
+    ``("setup", setting)`` -> ``(eval output, first-step MiB, torch's thread count)``;
+    ``("steps", untimed, timed)`` -> the timed steps' seconds; ``("peak",)`` -> MiB
+    over every step of the setting. A failure is answered ``("error", traceback)``.
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
+    meter = PeakMemory([torch.device("cpu")]) if memory_available([torch.device("cpu")]) \
+        else None
+    trainer: _Trainer | None = None
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        try:
+            if request[0] == "setup":
+                trainer = None
+                gc.collect()
+                trainer = _Trainer(runner, request[1])
+                output = trainer.eval_output()
+                if meter is not None:
+                    meter.start()
+                trainer.step()
+                mib = meter.peak_mib() if meter is not None else None
+                conn.send(("ok", (output, mib, torch.get_num_threads())))
+            elif request[0] == "steps":
+                assert trainer is not None, "steps before setup"
+                _, untimed, timed = request
+                for _ in range(untimed):
+                    trainer.step()
+                seconds = []
+                for _ in range(timed):
+                    started = time.perf_counter()
+                    trainer.step()
+                    seconds.append(time.perf_counter() - started)
+                conn.send(("ok", seconds))
+            else:
+                conn.send(("ok", meter.peak_mib() if meter is not None else None))
+        except Exception:  # the parent raises it, naming the runner
+            conn.send(("error", traceback.format_exc()))
+
+
+class Runners:
+    """The three runners' processes, started together; each serves settings in turn.
+
+    ``timeout`` bounds every wait for a runner's answer (seconds): a runner that does
+    not answer in time is named in the error (and ended on leaving). ``threads``: each
+    process's intra-op threads (``None``: torch's default, as its users run it).
+    """
+
+    def __init__(self, *, timeout: float, threads: int | None = None) -> None:
+        self.timeout = timeout
+        context = mp.get_context("spawn")
+        self._conns: dict[str, Connection] = {}
+        self._processes: dict[str, Any] = {}
+        for runner in RUNNERS:
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=serve, args=(runner, child_end, threads),
+                                      daemon=True,
+                                      name=f"torchgpipe_paper-{runner}")
+            process.start()
+            child_end.close()
+            self._conns[runner], self._processes[runner] = parent_end, process
+
+    def __enter__(self) -> Runners:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _ask(self, runner: str, request: Any) -> Any:
+        self._conns[runner].send(request)
+        return self._answer(runner, request[0])
+
+    def _answer(self, runner: str, what: str) -> Any:
+        conn = self._conns[runner]
+        if not conn.poll(self.timeout):
+            raise RuntimeError(f"the {runner} runner did not answer {what!r} within "
+                               f"{self.timeout:.0f} s")
+        try:
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"the {runner} runner's process ended during {what!r}") from None
+        if status == "error":
+            raise RuntimeError(f"the {runner} runner failed during {what!r}:\n{value}")
+        return value
+
+    def setup(self, setting: Setting) -> dict[str, Any]:
+        """Build ``setting`` in every runner: ``(first-step peak MiB, torch threads)`` by
+        runner, after checking that their eval-mode outputs equal the plain model's.
+
+        Raises:
+            RuntimeError: a runner failed or its output differs from the plain model's.
+        """
+        for runner in RUNNERS:  # the runners build at once (nothing is timed yet)
+            self._conns[runner].send(("setup", setting))
+        answers = {runner: self._answer(runner, "setup") for runner in RUNNERS}
+        reference = answers["plain"][0]
+        scale = max(1.0, reference.abs().max().item())
+        for runner, (output, *_) in answers.items():
+            difference = (output - reference).abs().max().item()
+            if difference > 1e-4 * scale:
+                raise RuntimeError(f"{runner}'s output differs from the plain model's by "
+                                   f"{difference:.3g} in {setting}")
+        return {runner: (mib, threads) for runner, (_, mib, threads) in answers.items()}
+
+    def time(self, *, warmup: int, rounds: int, block: int) -> dict[str, list[float]]:
+        """Seconds of ``rounds * block`` timed steps of each runner, interleaved."""
+        for runner in RUNNERS:
+            self._ask(runner, ("steps", warmup, 0))
+        seconds: dict[str, list[float]] = {runner: [] for runner in RUNNERS}
+        for r in range(rounds):
+            for k in range(len(RUNNERS)):
+                runner = RUNNERS[(r + k) % len(RUNNERS)]
+                seconds[runner] += self._ask(runner, ("steps", 1, block))
+        return seconds
+
+    def peaks(self) -> dict[str, float | None]:
+        """Every runner's peak MiB over all the steps of the current setting."""
+        return {runner: self._ask(runner, ("peak",)) for runner in RUNNERS}
+
+    def close(self) -> None:
+        """Stop the processes (each is asked to end, then ended if it does not)."""
+        for conn in self._conns.values():
+            try:
+                conn.send(None)
+            except OSError:  # its process has ended already
+                pass
+        for runner, process in self._processes.items():
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+            self._conns[runner].close()
