@@ -74,7 +74,7 @@ class Table:
                  "|" + "---|" * len(self.columns)]
         lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in self.rows]
         extra = [text for text in (self.anchor and f"Anchor: {self.anchor}.", self.notes) if text]
-        return "\n".join(lines + (["", *extra] if extra else []))
+        return "\n\n".join(["\n".join(lines), *extra])
 
 
 def _cell(value: Any) -> str:

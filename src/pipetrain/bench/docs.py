@@ -1,6 +1,6 @@
 """The tables of ``docs/benchmarks.md``, generated from the result files of ``pipetrain bench``.
 
-A document marks where a case's tables go::
+A document marks where a case's tables go, each marker a line of its own::
 
     <!-- bench:transport:begin -->
     (generated: every line in between is replaced)
@@ -28,7 +28,8 @@ from pipetrain.bench.case import Table
 
 __all__ = ["block_text", "load_results", "main", "markers", "provenance", "regenerate"]
 
-_MARKER = re.compile(r"<!-- bench:(?P<name>[\w-]+)(?:/(?P<key>[\w-]+))?:begin -->")
+_MARKER = re.compile(r"^<!-- bench:(?P<name>[\w-]+)(?:/(?P<key>[\w-]+))?:begin -->$",
+                     re.MULTILINE)
 _END = "<!-- bench:{target}:end -->"
 
 
@@ -87,7 +88,7 @@ def provenance(record: Mapping[str, Any]) -> str:
     versions = meta.get("versions", {})
     named = [f"{'Python' if name == 'python' else name} {version}"
              for name, version in versions.items() if version]
-    size = "; quick sizes (a smoke run)" if record.get("quick") else ""
+    size = ", quick sizes: a smoke run" if record.get("quick") else ""
     return (f"*Generated from `{meta.get('command', 'pipetrain bench')}`, run "
             f"{meta.get('date', '?')} ({record.get('wall_s', 0):.0f} s{size}): "
             f"{machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
@@ -161,7 +162,9 @@ def regenerate(text: str, results: Mapping[str, Mapping[str, Any]]) -> tuple[str
             raise ValueError(f"block {match.group(0)!r} starts inside another block")
         name, key = match.group("name"), match.group("key")
         target = name if key is None else f"{name}/{key}"
-        end = text.find(_END.format(target=target), match.end())
+        closing = re.compile("^" + re.escape(_END.format(target=target)) + "$", re.MULTILINE)
+        found = closing.search(text, match.end())
+        end = -1 if found is None else found.start()
         if end < 0:
             raise ValueError(f"block {match.group(0)!r} has no end marker "
                              f"{_END.format(target=target)!r}")

@@ -45,8 +45,10 @@ def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
     """Run case ``name``: its status and, when it ran, its tables, plots and data."""
     try:
         case = load_case(name)
-    except ModuleNotFoundError as error:
-        return {"title": name, "status": "skipped", "reason": import_failure(error)}
+    except ModuleNotFoundError as error:  # an optional package (skipped) or a bug (failed)
+        ours = (error.name or "pipetrain").split(".")[0] == "pipetrain"
+        return {"title": name, "status": "failed" if ours else "skipped",
+                "reason": import_failure(error)}
     reason = skip_reason(case)
     if reason is not None:
         return {"title": case.title, "status": "skipped", "reason": reason}

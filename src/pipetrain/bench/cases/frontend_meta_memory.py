@@ -17,7 +17,7 @@ interpreter; every peak is also compared with the weights alone. Two runs:
   (``model.safetensors.index.json``, one shard per block, written here shard by shard so
   that the writer never holds the model either), reading only its own tensors.
 
-``--quick``: the ``safetensors`` run alone, of 4 blocks of width 128 (8 MiB of
+``--quick``: the ``safetensors`` run alone, of 4 blocks of width 128 (3 MiB of
 parameters), where the interpreter and torch's own memory dominate every rank's peak:
 it shows the mechanism, not the saving.
 """
