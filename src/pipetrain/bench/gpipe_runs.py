@@ -51,10 +51,12 @@ from torch import nn
 
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
 
-__all__ = ["MODES", "NAMES", "Setting", "build_model", "make_batch", "make_step", "run_mode"]
+__all__ = ["ANSWER_S", "MODES", "NAMES", "Setting", "build_model", "make_batch", "make_step", "run_mode"]
 
 NAMES = ("pipetrain", "torchgpipe", "plain")
 MODES = ("never", "except_last", "always")
+ANSWER_S = 900.0
+"""Seconds an implementation's process may take to answer (build, or a batch of steps)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,7 +216,8 @@ def run_mode(setting: Setting, checkpoint: str) -> dict[str, Any]:
     outputs checked against each other, their peaks and (unless ``memory_only``) times.
 
     Raises:
-        RuntimeError: an implementation's output differs from plain's.
+        RuntimeError: an implementation's output differs from plain's, or its process
+            crashed or did not answer.
 
     Example::
 
@@ -240,6 +243,19 @@ def run_mode(setting: Setting, checkpoint: str) -> dict[str, Any]:
                 process.kill()
 
 
+def _recv(conns: dict[str, Connection], name: str) -> Any:
+    """The next answer of implementation ``name``'s process; an error naming it if it
+    died or did not answer within :data:`ANSWER_S`."""
+    conn = conns[name]
+    try:
+        if not conn.poll(ANSWER_S):
+            raise RuntimeError(f"the {name} process did not answer within {ANSWER_S:.0f} s")
+        return conn.recv()
+    except EOFError:
+        raise RuntimeError(f"the {name} process ended without answering (it crashed; its "
+                           "error is above, on stderr)") from None
+
+
 def _coordinate(setting: Setting, checkpoint: str,
                 conns: dict[str, Connection]) -> dict[str, Any]:
     # the three compute the same function of the same weights; record the intra-op
@@ -248,7 +264,7 @@ def _coordinate(setting: Setting, checkpoint: str,
     torch_threads = 0
     outputs, first_mib = {}, {}
     for name in NAMES:
-        outputs[name], threads_seen[name], torch_threads, first_mib[name] = conns[name].recv()
+        outputs[name], threads_seen[name], torch_threads, first_mib[name] = _recv(conns, name)
     reference = outputs["plain"]
     for name in NAMES:
         diff = (outputs[name] - reference).abs().max().item()
@@ -265,7 +281,7 @@ def _coordinate(setting: Setting, checkpoint: str,
     run_mib = {}
     for name in NAMES:
         conns[name].send(None)
-        run_mib[name] = conns[name].recv()
+        run_mib[name] = _recv(conns, name)
     result["run_peak_mib"] = run_mib
     for key in ("first_step_peak_mib", "run_peak_mib"):
         mib = result[key]
@@ -278,7 +294,7 @@ def _coordinate(setting: Setting, checkpoint: str,
 def _time(setting: Setting, conns: dict[str, Connection]) -> dict[str, Any]:
     for name in NAMES:
         conns[name].send((setting.warmup, 0))
-        conns[name].recv()
+        _recv(conns, name)
     times: dict[str, list[float]] = {name: [] for name in NAMES}
     num_rounds = -(-setting.repetitions // setting.block)
     for r in range(num_rounds):
@@ -286,7 +302,7 @@ def _time(setting: Setting, conns: dict[str, Connection]) -> dict[str, Any]:
             name = NAMES[(r + k) % len(NAMES)]
             # one untimed step first: the previous implementation's threads settle
             conns[name].send((1, min(setting.block, setting.repetitions - r * setting.block)))
-            times[name].extend(conns[name].recv())
+            times[name].extend(_recv(conns, name))
     medians = {name: statistics.median(times[name]) for name in NAMES}
     quartiles = {name: statistics.quantiles(times[name], n=4) if len(times[name]) > 1
                  else [times[name][0]] * 3 for name in NAMES}

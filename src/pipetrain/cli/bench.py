@@ -21,9 +21,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bench",
         help="run the benchmark suite: pipetrain beside its anchors, as JSON",
         description=(
-            "Run benchmark cases (all, or the NAMES given, in the suite's order): each "
-            "measures pipetrain beside its anchors (torch.distributed.pipelining, "
-            "torchgpipe, plain PyTorch, PipeDream's planner) in the same run and writes "
+            "Run benchmark cases (all in the suite's order, or the NAMES given in their "
+            "order): each measures pipetrain beside its anchors (torch.distributed."
+            "pipelining, torchgpipe, plain PyTorch, PipeDream's optimizer) in the same run "
+            "and writes "
             "OUT/<name>.json (tables, data, wall time, status, machine, versions, command, "
             "date) and OUT/summary.json. Progress goes to stderr. The tables of "
             "docs/benchmarks.md are generated from these files: python -m "

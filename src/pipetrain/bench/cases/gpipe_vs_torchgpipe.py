@@ -13,8 +13,8 @@ method: :mod:`pipetrain.bench.gpipe_runs`). Full size:
   tokens, batch 32, balance [5, 5], 8 chunks), every checkpoint mode, pipetrain's
   defaults.
 
-``--quick``: the time setting with pipetrain's defaults only, 10 timed steps after 2
-warm-up steps (its memory figures fill the memory table).
+``--quick``: the time setting with pipetrain's defaults only, 6 timed steps in blocks of
+3 after 1 warm-up step (its memory figures fill the memory table).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _memory_table(runs: list[tuple[Setting, dict[str, Any]]]) -> Table:
 def run(context: BenchContext) -> BenchResult:
     """Time the option sets, then measure the memory settings; one process per
     implementation and run."""
-    time_setting = replace(TIME_SETTING, repetitions=10, warmup=2) if context.quick \
+    time_setting = replace(TIME_SETTING, repetitions=6, warmup=1, block=3) if context.quick \
         else TIME_SETTING
     option_sets = {"defaults": {}} if context.quick else OPTION_SETS
     timed: list[tuple[str, Setting, dict[str, Any]]] = []

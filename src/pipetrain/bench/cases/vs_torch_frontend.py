@@ -131,7 +131,8 @@ def _torch(args: Options, split: str) -> tuple[Any, Any]:
             schedule.step(target=y, losses=losses)
         optimizer.step()
         optimizer.zero_grad()
-        value = torch.tensor([float(sum(losses) / len(losses)) if losses else 0.0])
+        value = torch.tensor([float(sum(v.detach() for v in losses) / len(losses))
+                              if losses else 0.0])
         dist.broadcast(value, src=1)
         return float(value)
 
