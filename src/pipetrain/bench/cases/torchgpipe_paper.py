@@ -23,11 +23,11 @@ from pipetrain.bench.case import BenchContext, BenchResult, Case
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, profile_balance
 from pipetrain.bench.cases.torchgpipe_paper_runs import Runners, Setting
 from pipetrain.bench.cases.torchgpipe_paper_tables import measured_tables
+from pipetrain.bench.gpipe_runs import MODES
 from pipetrain.bench.harness import median, quartiles
 
 __all__ = ["CASE", "FULL", "MODES", "QUICK", "Plan", "measure", "run", "settings"]
 
-MODES = ("never", "except_last", "always")
 _TIMEOUT_S = 300.0
 
 
@@ -63,9 +63,9 @@ QUICK = Plan(
     partitions=(2,), chunks={"amoebanet": (1, 4), "unet": (4,)},
     warmup=2, rounds=2, block=2, processes_per_group=False)
 FULL = Plan(
-    workloads={"amoebanet": Workload(model="amoebanet", size=(6, 32), image=64, batch=32),
-               "unet": Workload(model="unet", size=(3, 8), image=64, batch=32)},
-    partitions=(1, 2, 4), chunks={"amoebanet": (1, 4), "unet": (2, 8)})
+    workloads={"amoebanet": Workload(model="amoebanet", size=(6, 32), image=64, batch=16),
+               "unet": Workload(model="unet", size=(3, 8), image=64, batch=16)},
+    partitions=(1, 2, 4), chunks={"amoebanet": (1, 4), "unet": (2, 4)})
 
 
 def settings(plan: Plan, balances: dict[str, dict[int, list[int]]]) -> list[Setting]:
@@ -76,7 +76,7 @@ def settings(plan: Plan, balances: dict[str, dict[int, list[int]]]) -> list[Sett
 
 
 def _record(setting: Setting, setup: dict[str, Any], seconds: dict[str, list[float]],
-            run_mib: dict[str, Any]) -> dict[str, Any]:
+            load: dict[str, Any], run_mib: dict[str, Any]) -> dict[str, Any]:
     batch = setting.workload.batch
     medians = {runner: median(seconds[runner]) for runner in RUNNERS}
     return {
@@ -90,6 +90,7 @@ def _record(setting: Setting, setup: dict[str, Any], seconds: dict[str, list[flo
         "first_step_peak_mib": {runner: mib for runner, (mib, _) in setup.items()},
         "run_peak_mib": run_mib,
         "torch_threads": {runner: threads for runner, (_, threads) in setup.items()},
+        "load": load,
     }
 
 
@@ -106,9 +107,9 @@ def measure(plan: Plan, progress: Any) -> tuple[list[dict[str, Any]], dict[str, 
         with Runners(timeout=_TIMEOUT_S, threads=plan.threads) as runners:
             for setting in group:
                 setup = runners.setup(setting)
-                seconds = runners.time(warmup=plan.warmup, rounds=plan.rounds,
-                                       block=plan.block)
-                record = _record(setting, setup, seconds, runners.peaks())
+                seconds, load = runners.time(warmup=plan.warmup, rounds=plan.rounds,
+                                             block=plan.block)
+                record = _record(setting, setup, seconds, load, runners.peaks())
                 records.append(record)
                 progress(_line(record))
     return records, balances
@@ -118,10 +119,12 @@ def _line(record: dict[str, Any]) -> str:
     rate, mib = record["samples_per_s"], record["run_peak_mib"]
     memory = "" if mib["pipetrain"] is None else \
         f"; peak MiB pipetrain {mib['pipetrain']:.0f}, torchgpipe {mib['torchgpipe']:.0f}"
+    other = record["load"]["other_cores"]
+    load = "" if other is None else f"; other processes used {other:.1f} cores"
     return (f"{record['model']} K={record['partitions']} m={record['chunks']} "
             f"{record['checkpoint']}: samples/s pipetrain {rate['pipetrain']:.1f}, torchgpipe "
             f"{rate['torchgpipe']:.1f} ({rate['pipetrain'] / rate['torchgpipe']:.2f}x), plain "
-            f"{rate['plain']:.1f}{memory}")
+            f"{rate['plain']:.1f}{memory}{load}")
 
 
 def run(context: BenchContext) -> BenchResult:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipetrain.api.gpipe import GPipe
+from pipetrain.bench.gpipe_runs import NAMES
 from pipetrain.models.amoebanet import AmoebaNetConfig, build_amoebanet
 from pipetrain.models.unet import unet
 from pipetrain.partition import solve
@@ -39,7 +40,8 @@ from pipetrain.skip import stash as pipetrain_stash
 __all__ = ["MODELS", "RUNNERS", "Workload", "profile_balance", "torchgpipe_skips", "wrap"]
 
 MODELS = ("amoebanet", "unet")
-RUNNERS = ("pipetrain", "torchgpipe", "plain")
+RUNNERS = NAMES
+"""``pipetrain``, ``torchgpipe``, ``plain``: as in case ``gpipe_vs_torchgpipe``."""
 _NUM_CLASSES = 10
 
 

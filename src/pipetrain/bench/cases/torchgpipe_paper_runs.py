@@ -20,7 +20,7 @@ Example::
 
     with Runners(timeout=120.0) as runners:
         check = runners.setup(setting)            # outputs agree; first-step MiB, threads
-        times = runners.time(warmup=2, rounds=4, block=3)
+        times, load = runners.time(warmup=2, rounds=4, block=3)
         peaks = runners.peaks()                   # MiB over every step of the setting
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import multiprocessing as mp
+import os
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, wrap
-from pipetrain.bench.harness import PeakMemory, memory_available
+from pipetrain.bench.harness import CpuWindow, PeakMemory, foreign_load, memory_available
 
 __all__ = ["Runners", "Setting", "serve"]
 
@@ -197,16 +198,34 @@ class Runners:
                                    f"{difference:.3g} in {setting}")
         return {runner: (mib, threads) for runner, (_, mib, threads) in answers.items()}
 
-    def time(self, *, warmup: int, rounds: int, block: int) -> dict[str, list[float]]:
-        """Seconds of ``rounds * block`` timed steps of each runner, interleaved."""
+    def time(self, *, warmup: int, rounds: int, block: int
+             ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+        """Seconds of ``rounds * block`` timed steps of each runner, interleaved; and the
+        cores other processes of the machine used meanwhile
+        (:func:`~pipetrain.bench.harness.foreign_load`: ``other_cores``)."""
         for runner in RUNNERS:
             self._ask(runner, ("steps", warmup, 0))
         seconds: dict[str, list[float]] = {runner: [] for runner in RUNNERS}
+        window, cpu_before = CpuWindow(), self._cpu_seconds()
         for r in range(rounds):
             for k in range(len(RUNNERS)):
                 runner = RUNNERS[(r + k) % len(RUNNERS)]
                 seconds[runner] += self._ask(runner, ("steps", 1, block))
-        return seconds
+        figures = window.close()
+        figures["own_cpu_s"] = (figures["own_cpu_s"] or 0.0) + self._cpu_seconds() - cpu_before
+        return seconds, foreign_load([figures])
+
+    def _cpu_seconds(self) -> float:
+        """CPU seconds the runners' processes have used so far (0 where unknown)."""
+        total = 0.0
+        for process in self._processes.values():
+            try:
+                with open(f"/proc/{process.pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
 
     def peaks(self) -> dict[str, float | None]:
         """Every runner's peak MiB over all the steps of the current setting."""

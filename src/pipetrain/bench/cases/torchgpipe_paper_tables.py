@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,19 @@ _MEMORY_NOTES = (
     "over. What does: re-materialization keeps only the partition-boundary activations "
     "('always' below 'except_last' below 'never'), and the two libraries' peaks at the "
     "same setting compare directly.")
+
+
+def _load_note(records: list[dict[str, Any]], model: str) -> str:
+    """How busy the machine was with other work while ``model``'s settings were timed."""
+    other = [r["load"]["other_cores"] for r in records
+             if r["model"] == model and r.get("load", {}).get("other_cores") is not None]
+    if not other:
+        return ""
+    return (f" While these settings were timed, other processes used {min(other):.1f} to "
+            f"{max(other):.1f} of the machine's {os.cpu_count()} cores on average: with "
+            "several intra-op threads (torch's default: one per core), a runner waiting at "
+            "an OpenMP barrier loses whole time slices to them, so figures from a busy "
+            "machine are not comparable.")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -157,7 +171,8 @@ def measured_tables(records: list[dict[str, Any]], workloads: dict[str, str]) ->
             ratio_columns=["pipetrain / torchgpipe", "pipetrain / plain",
                            "torchgpipe / plain"],
             anchor=f"torchgpipe 0.0.7 and the plain nn.Sequential, {_SAME}",
-            notes="Throughput ratios: above 1 means the first is faster. " + _SPEED_NOTES))
+            notes="Throughput ratios: above 1 means the first is faster. " + _SPEED_NOTES
+                  + _load_note(records, model)))
         tables.append(_per_setting(
             records, model, label, key=f"{model}_memory",
             title=f"{_NAMES[model]} peak memory, pipetrain.GPipe vs torchgpipe 0.0.7",
