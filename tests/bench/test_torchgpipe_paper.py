@@ -103,7 +103,8 @@ def _record(model: str, k: int, m: int, mode: str, rate: float,
     return {"model": model, "partitions": k, "chunks": m, "checkpoint": mode,
             "samples_per_s": rates, "run_peak_mib": {"pipetrain": 10.0, "torchgpipe": 20.0,
                                                      "plain": None},
-            "load": {"wall_s": 1.0, "our_cores": 1.0, "other_cores": other_cores}}
+            "load": {"wall_s": 1.0, "our_cores": 1.0, "other_cores": other_cores},
+            "torch_threads": {"pipetrain": 2, "torchgpipe": 2, "plain": 2}}
 
 
 def test_the_amoebanet_table_puts_the_papers_speed_ups_beside_this_runs() -> None:
@@ -115,7 +116,8 @@ def test_the_amoebanet_table_puts_the_papers_speed_ups_beside_this_runs() -> Non
     assert [(row[0], row[1]) for row in rows] == [(n, m) for n, m, _, _ in AMOEBANET_SPEED]
     assert rows[1] == [2, 4, "except_last", "1.54x", "1.07x", "1.50x", "1.50x"]
     assert rows[8][3:] == ["4.95x", "3.48x", "-", "-"]
-    assert "other processes used 0.5 to 1.2 of" in tables["amoebanet_speed"].notes
+    notes = tables["amoebanet_speed"].notes
+    assert "ran 2 intra-op threads." in notes and "other processes used 0.5 to 1.2 of" in notes
     memory = tables["amoebanet_memory"].rows
     assert memory[0][3:] == ["10.0", "20.0", "-", "0.50x"]
     assert {t.key for t in tables.values()} >= {"paper_amoebanet_speed", "paper_unet_speed",

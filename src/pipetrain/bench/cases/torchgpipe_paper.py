@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case
@@ -39,7 +40,8 @@ class Plan:
     partitions, chunks) group, its checkpoint modes in turn; else one process per
     runner serves every setting (the quick run, where starting processes would take
     most of the time). ``threads``: each runner's intra-op threads (``None``: torch's
-    default, what its users run).
+    default, what its users run; the quick run takes one, as a smoke run that stays
+    quick on a busy machine, where several OpenMP threads per process stall each other).
 
     Example:
         >>> len(settings(QUICK, {"amoebanet": {2: [4, 5]}, "unet": {2: [5, 6]}}))
@@ -61,7 +63,7 @@ QUICK = Plan(
     workloads={"amoebanet": Workload(model="amoebanet", size=(3, 16), image=32, batch=16),
                "unet": Workload(model="unet", size=(2, 8), image=32, batch=16)},
     partitions=(2,), chunks={"amoebanet": (1, 4), "unet": (4,)},
-    warmup=2, rounds=2, block=2, processes_per_group=False)
+    warmup=2, rounds=2, block=2, processes_per_group=False, threads=1)
 FULL = Plan(
     workloads={"amoebanet": Workload(model="amoebanet", size=(6, 32), image=64, batch=16),
                "unet": Workload(model="unet", size=(3, 8), image=64, batch=16)},
@@ -69,7 +71,13 @@ FULL = Plan(
 
 
 def settings(plan: Plan, balances: dict[str, dict[int, list[int]]]) -> list[Setting]:
-    """Every setting of ``plan``, grouped by (model, partitions, chunks), modes innermost."""
+    """Every setting of ``plan``, grouped by (model, partitions, chunks), modes innermost.
+
+    Example:
+        >>> found = settings(QUICK, {"amoebanet": {2: [4, 5]}, "unet": {2: [5, 6]}})
+        >>> [(s.workload.model, s.chunks, s.checkpoint) for s in found][:2]
+        [('amoebanet', 1, 'never'), ('amoebanet', 1, 'except_last')]
+    """
     return [Setting(workload=work, balance=tuple(balances[name][k]), chunks=m, checkpoint=mode)
             for name, work in plan.workloads.items() for k in plan.partitions
             for m in plan.chunks[name] for mode in plan.modes]
@@ -94,8 +102,16 @@ def _record(setting: Setting, setup: dict[str, Any], seconds: dict[str, list[flo
     }
 
 
-def measure(plan: Plan, progress: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run every setting of ``plan``: one record per setting, and the balances used."""
+def measure(plan: Plan, progress: Callable[[str], None]
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run every setting of ``plan``: one record per setting (and a progress line), and
+    the balances used.
+
+    Example::
+
+        records, balances = measure(QUICK, print)
+        records[0]["samples_per_s"]["pipetrain"]
+    """
     balances = {name: profile_balance(work, list(plan.partitions))
                 for name, work in plan.workloads.items()}
     records: list[dict[str, Any]] = []
@@ -137,7 +153,9 @@ def run(context: BenchContext) -> BenchResult:
         "workloads": workloads,
         "balances": {name: {str(k): b for k, b in by_k.items()} for name, by_k in
                      balances.items()},
+        "partitions": list(plan.partitions), "chunks": {k: list(v) for k, v in plan.chunks.items()},
         "timing": {"warmup": plan.warmup, "rounds": plan.rounds, "block": plan.block,
+                   "threads": plan.threads or "torch's default",
                    "processes": "one per runner and (model, partitions, chunks)"
                    if plan.processes_per_group else "one per runner"},
         "records": records, "wall_s": time.perf_counter() - started,

@@ -99,6 +99,7 @@ def serve(runner: str, conn: Connection, threads: int | None = None) -> None:
     """
     if threads is not None:
         torch.set_num_threads(threads)
+    gc.freeze()  # the modules imported so far: the collections before each setting skip them
     meter = PeakMemory([torch.device("cpu")]) if memory_available([torch.device("cpu")]) \
         else None
     trainer: _Trainer | None = None
@@ -108,8 +109,7 @@ def serve(runner: str, conn: Connection, threads: int | None = None) -> None:
             return
         try:
             if request[0] == "setup":
-                trainer = None
-                gc.collect()
+                trainer = None  # what it held is collected when the meter starts
                 trainer = _Trainer(runner, request[1])
                 output = trainer.eval_output()
                 if meter is not None:

@@ -59,16 +59,21 @@ _MEMORY_NOTES = (
 
 
 def _load_note(records: list[dict[str, Any]], model: str) -> str:
-    """How busy the machine was with other work while ``model``'s settings were timed."""
-    other = [r["load"]["other_cores"] for r in records
-             if r["model"] == model and r.get("load", {}).get("other_cores") is not None]
-    if not other:
-        return ""
-    return (f" While these settings were timed, other processes used {min(other):.1f} to "
-            f"{max(other):.1f} of the machine's {os.cpu_count()} cores on average: with "
-            "several intra-op threads (torch's default: one per core), a runner waiting at "
-            "an OpenMP barrier loses whole time slices to them, so figures from a busy "
-            "machine are not comparable.")
+    """The runners' threads, and how busy the machine was with other work while
+    ``model``'s settings were timed."""
+    mine = [r for r in records if r["model"] == model]
+    threads = sorted({t for r in mine for t in r.get("torch_threads", {}).values() if t})
+    note = (f" Each runner's process ran {'/'.join(map(str, threads))} intra-op "
+            f"thread{'s' if threads != [1] else ''}." if threads else "")
+    other = [r["load"]["other_cores"] for r in mine
+             if r.get("load", {}).get("other_cores") is not None]
+    if other:
+        note += (f" While these settings were timed, other processes used {min(other):.1f} "
+                 f"to {max(other):.1f} of the machine's {os.cpu_count()} cores on average: "
+                 "with several intra-op threads (torch's default: one per core), a runner "
+                 "waiting at an OpenMP barrier loses whole time slices to them, so figures "
+                 "from a busy machine are not comparable.")
+    return note
 
 
 def _ratio(a: float | None, b: float | None) -> str:
