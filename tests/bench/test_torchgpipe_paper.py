@@ -4,6 +4,7 @@ tiny sizes: the workloads in both GPipes, the runner processes, and the tables."
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from multiprocessing import Pipe
 
 import pytest
@@ -22,6 +23,16 @@ TINY = {"amoebanet": Workload(model="amoebanet", size=(3, 8), image=32, batch=4)
 BALANCE = {"amoebanet": [3, 3, 3], "unet": [4, 4, 3]}
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: tiny models run hundreds of small ops, and several OpenMP
+    threads stall each other on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_the_case_is_declared_for_the_suite() -> None:
     assert CASE.name == "torchgpipe_paper" and CASE.needs == ("torchgpipe",)
     assert CASE.quick_seconds <= 25 and CASE.full_seconds <= 480
@@ -29,6 +40,7 @@ def test_the_case_is_declared_for_the_suite() -> None:
 
 @pytest.mark.parametrize("model", ["amoebanet", "unet"])
 @pytest.mark.parametrize("runner", ["pipetrain", "torchgpipe"])
+@pytest.mark.usefixtures("one_thread")
 def test_each_gpipe_computes_the_unpipelined_model_in_every_checkpoint_mode(
         model: str, runner: str) -> None:
     work = TINY[model]
@@ -52,6 +64,7 @@ def test_each_gpipe_computes_the_unpipelined_model_in_every_checkpoint_mode(
                                        msg=f"{runner} {mode} {name}")
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_balances_cover_the_model() -> None:
     balances = profile_balance(TINY["unet"], [1, 2, 4], passes=1)
     assert [len(b) for b in balances.values()] == [1, 2, 4]
@@ -72,6 +85,7 @@ def test_a_runner_reports_its_failure_instead_of_hanging() -> None:
     assert not thread.is_alive()
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_a_tiny_run_measures_every_runner_and_fills_the_tables() -> None:
     plan = Plan(workloads={"unet": TINY["unet"]}, partitions=(2,), chunks={"unet": (2,)},
                 warmup=0, rounds=1, block=1, processes_per_group=False, threads=1)
