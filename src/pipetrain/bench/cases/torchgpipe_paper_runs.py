@@ -89,17 +89,29 @@ class _Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def serve(runner: str, conn: Connection, threads: int | None = None) -> None:
-    """A runner's process: answers the parent's requests until it sends ``None``.
-
-    ``threads``: ``torch.set_num_threads`` (``None``: torch's default). Requests:
-    ``("setup", setting)`` -> ``(eval output, first-step MiB, torch's thread count)``;
-    ``("steps", untimed, timed)`` -> the timed steps' seconds; ``("peak",)`` -> MiB
-    over every step of the setting. A failure is answered ``("error", traceback)``.
-    """
+def _process_main(runner: str, conn: Connection, threads: int | None) -> None:
+    """A runner's process: its intra-op threads (``None``: torch's default), then
+    :func:`serve`."""
     if threads is not None:
         torch.set_num_threads(threads)
     gc.freeze()  # the modules imported so far: the collections before each setting skip them
+    serve(runner, conn)
+
+
+def serve(runner: str, conn: Connection) -> None:
+    """A runner: answers the parent's requests until it sends ``None``.
+
+    Requests: ``("setup", setting)`` -> ``(eval output, first-step MiB, torch's thread
+    count)``; ``("steps", untimed, timed)`` -> the timed steps' seconds; ``("peak",)`` ->
+    MiB over every step of the setting. A failure is answered ``("error", traceback)``.
+
+    Example (a thread standing in for the process)::
+
+        parent, child = multiprocessing.Pipe()
+        threading.Thread(target=serve, args=("plain", child)).start()
+        parent.send(("setup", setting)); status, (output, mib, threads) = parent.recv()
+        parent.send(None)
+    """
     meter = PeakMemory([torch.device("cpu")]) if memory_available([torch.device("cpu")]) \
         else None
     trainer: _Trainer | None = None
@@ -149,7 +161,7 @@ class Runners:
         self._processes: dict[str, Any] = {}
         for runner in RUNNERS:
             parent_end, child_end = context.Pipe()
-            process = context.Process(target=serve, args=(runner, child_end, threads),
+            process = context.Process(target=_process_main, args=(runner, child_end, threads),
                                       daemon=True,
                                       name=f"torchgpipe_paper-{runner}")
             process.start()
