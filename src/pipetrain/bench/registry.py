@@ -32,6 +32,8 @@ CASES: dict[str, str] = {
     "planner_speed": "pipetrain.bench.cases.planner_speed",
     "planner_vs_pipedream": "pipetrain.bench.cases.planner_vs_pipedream",
     "pipedream_claims": "pipetrain.bench.cases.pipedream_claims",
+    "gpipe_table1": "pipetrain.bench.cases.gpipe_table1",
+    "gpipe_table2": "pipetrain.bench.cases.gpipe_table2",
 }
 """Case name -> the module defining its ``CASE``, in the order the suite runs them."""
 

@@ -1,0 +1,149 @@
+"""The gpipe_table1 bench case on tiny sizes: the search against fake caps, the paper's
+rows, the tables from given search results, and one real trial that the watchdog ends."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipetrain.bench.case import BenchContext
+from pipetrain.bench.cases import gpipe_table1
+from pipetrain.bench.cases._gpipe_memory import Workload, trial_worker
+from pipetrain.bench.cases._gpipe_search import largest_fitting
+from pipetrain.bench.harness import run_job
+from pipetrain.launch import ProcessesFailed
+
+
+@pytest.mark.parametrize("name", ["_gpipe_search", "_gpipe_memory", "gpipe_table1"])
+def test_examples(name: str) -> None:
+    module = importlib.import_module(f"pipetrain.bench.cases.{name}")
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("largest", [0, 1, 2, 13, 64, 100, 999])
+@pytest.mark.parametrize("start", [1, 4, 50, 1000])
+def test_search_finds_the_largest_fitting_size(largest: int, start: int) -> None:
+    calls: list[int] = []
+
+    def fits(n: int) -> bool:
+        calls.append(n)
+        return n <= largest
+
+    found = largest_fitting(fits, start=start, limit=1000)
+    assert found.largest == largest
+    assert found.first_too_large == largest + 1
+    assert found.complete
+    assert [n for n, _ in found.trials] == calls
+    assert len(set(calls)) == len(calls)  # no size is tried twice
+    assert len(calls) <= 2 * 11  # doubling or halving, then bisection: logarithmic
+
+
+def test_search_stops_at_the_tolerance_and_at_the_limit() -> None:
+    found = largest_fitting(lambda n: n <= 300, start=8, limit=4096, tolerance=1 / 16)
+    assert 300 - 300 // 16 <= found.largest <= 300
+    assert found.first_too_large is not None and found.first_too_large - found.largest <= 300 // 16
+    everything = largest_fitting(lambda n: True, start=3, limit=20)
+    assert everything.largest == 20 and everything.first_too_large is None
+    assert [n for n, _ in everything.trials] == [3, 6, 12, 20]
+
+
+def test_search_stops_with_the_reason() -> None:
+    failures: list[str] = []
+
+    def fits(n: int) -> bool:
+        if n >= 8:
+            failures.append(f"the trial of {n} blocks failed")
+        return True
+
+    found = largest_fitting(fits, limit=100, stop=lambda: failures[0] if failures else None)
+    assert found.stopped == "the trial of 8 blocks failed" and not found.complete
+    assert found.largest == 8 and [n for n, _ in found.trials] == [1, 2, 4, 8]
+    late = largest_fitting(lambda n: True, limit=100, deadline=time.monotonic() - 1)
+    assert late.stopped == "out of time" and late.trials == []
+    with pytest.raises(ValueError, match="start=0"):
+        largest_fitting(lambda n: True, start=0, limit=10)
+
+
+def test_paper_rows_are_table_1_of_the_paper() -> None:
+    rows = {row[0]: row for row in gpipe_table1.paper_rows()}
+    assert list(rows) == ["naive-1", "pipeline-1", "pipeline-2", "pipeline-4", "pipeline-8"]
+    assert [rows[k][1] for k in rows] == ["282.2M", "785.8M", "1.3B", "3.0B", "5.3B"]
+    assert [rows[k][3] for k in rows] == ["82M", "318M", "542M", "1.05B", "1.8B"]
+    assert rows["naive-1"][2] == "1.00x" and rows["pipeline-8"][4] == "21.95x"
+
+
+def _fake_search(largest: int, per_block: float) -> dict[str, Any]:
+    depths = sorted({max(1, largest // 2), largest})
+    return {"kind": "fake",
+            "search": {"largest": largest, "first_too_large": largest + 1,
+                       "trials": [[d, True] for d in depths] + [[largest + 1, False]],
+                       "stopped": None},
+            "records": [{"depth": d, "fits": True, "peak_mib": [5.0 + per_block * d]}
+                        for d in depths] + [{"depth": largest + 1, "fits": False,
+                                             "killed_above_mib": 24.5}]}
+
+
+@pytest.mark.parametrize("pipe4, met", [(40, "yes"), (30, "no")])
+def test_tables_from_given_searches(monkeypatch: pytest.MonkeyPatch, pipe4: int,
+                                    met: str) -> None:
+    found = [_fake_search(4, 4.0), _fake_search(10, 1.8), _fake_search(10, 1.9),
+             _fake_search(20, 1.9), _fake_search(pipe4, 1.9)]
+    monkeypatch.setattr(gpipe_table1, "_quick_searches", lambda context, sizes: found)
+    with tempfile.TemporaryDirectory() as out:
+        result = gpipe_table1.run(BenchContext(quick=True, out=Path(out),
+                                               progress=lambda line: None))
+    sizes, shape = result.tables
+    labels = [row[0] for row in sizes.rows]
+    assert labels == [r.label for r in gpipe_table1.RUNNERS] + ["pipeline-8"]
+    work = gpipe_table1.SIZES["quick"]["work"]
+    assert sizes.rows[0][3] == f"{work.parameters(4) / 1e6:.4g}M" and sizes.rows[0][4] == "1.00x"
+    assert sizes.rows[1][6] == pytest.approx(1.8)  # MiB per block: the slope of the peaks
+    assert sizes.rows[-1][2] == "not run" and sizes.rows[-1][7] == "5.3B"
+    checks = {row[0]: row for row in shape.rows}
+    remat = checks["re-materialization alone: pipeline-1 (GPipe) / naive-1"]
+    assert remat[1] == f"{work.parameters(10) / work.parameters(4):.2f}x" and remat[4] == "yes"
+    assert checks["K = 4 over K = 1, both Pipeline"][4].startswith(met)
+    assert result.data["runners"][4]["parameters"] == work.parameters(pipe4)
+
+
+def test_runners_left_out_of_the_quick_run_are_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    skipped = {"kind": "pipeline", "records": [],
+               "search": {"largest": 0, "first_too_large": None, "trials": [],
+                          "stopped": "full run only"}}
+    found = [_fake_search(4, 4.0), _fake_search(10, 1.8), _fake_search(10, 1.9),
+             _fake_search(20, 1.9), skipped]
+    monkeypatch.setattr(gpipe_table1, "_quick_searches", lambda context, sizes: found)
+    with tempfile.TemporaryDirectory() as out:
+        result = gpipe_table1.run(BenchContext(quick=True, out=Path(out),
+                                               progress=lambda line: None))
+    sizes, shape = result.tables
+    assert sizes.rows[4][2:5] == ["not run (full run only)", "-", "-"]
+    checks = {row[0]: row for row in shape.rows}
+    assert checks["K = 4 over K = 1, both Pipeline"][1:] == [
+        "-", ">= 3.5x", "3.82x", "not run (full run only)"]
+    work = gpipe_table1.SIZES["quick"]["work"]
+    expected = work.parameters(20) / work.parameters(10)
+    assert checks["K = 2 over K = 1, both Pipeline"][1] == f"{expected:.2f}x"
+    assert result.data["runners"][4]["parameters"] is None
+    assert len(gpipe_table1.SIZES["quick"]["starts"]) == sum(
+        r.workers <= gpipe_table1.SIZES["quick"]["max_workers"] for r in gpipe_table1.RUNNERS)
+
+
+@pytest.mark.distributed
+def test_a_trial_past_the_cap_is_ended_by_the_watchdog() -> None:
+    work = Workload(width=32, heads=2, context=16, batch=4, microbatches=2)
+    fitting = run_job(trial_worker, "naive", 2, work, 64.0, tempfile.gettempdir(),
+                      world_size=1, timeout=120)
+    assert 0 < fitting[0]["peak_mib"] <= 64.0
+    with tempfile.TemporaryDirectory() as marks:
+        with pytest.raises(ProcessesFailed):
+            run_job(trial_worker, "pipeline", 400, work, 4.0, marks, world_size=2, timeout=120)
+        killed = [float(p.read_text()) for p in Path(marks).glob("*.killed")]
+    assert killed and all(mib > 4.0 for mib in killed)
