@@ -11,6 +11,7 @@ import pytest
 MODULES = [
     "pipetrain.plan",
     "pipetrain.plan.bisection",
+    "pipetrain.plan.contiguous",
     "pipetrain.plan.cost_models",
     "pipetrain.plan.costs",
     "pipetrain.plan.costs_pipedream",
@@ -31,6 +32,7 @@ MODULES = [
     "pipetrain.plan.schedule_choice",
     "pipetrain.plan.search",
     "pipetrain.plan.simulated_step",
+    "pipetrain.plan.straight",
     "pipetrain.plan.table",
     "pipetrain.plan.topology",
 ]

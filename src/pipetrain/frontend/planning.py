@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipetrain.partition import solve
+from pipetrain.plan.contiguous import solve
 
 __all__ = ["LOOPBACK_BANDWIDTH", "agree", "balance_by_bytes", "balance_by_profile"]
 

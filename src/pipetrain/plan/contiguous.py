@@ -1,9 +1,14 @@
-"""The balancing problem: cut a sequence of layer costs into contiguous partitions.
+"""The min-max contiguous partition: cut a sequence of costs into K contiguous parts.
 
 :func:`solve` minimizes the largest partition cost exactly (dynamic programming over
 prefix sums, O(K N log N)); among the cuts that reach that optimum it picks the most
 even one (smallest sum of squared partition costs, then of partition sizes), with
 remaining ties going to the cut whose later partitions are larger.
+
+It is the one solver of this problem in pipetrain: torchgpipe's balancers
+(:func:`pipetrain.partition.balance_by_time`, ``balance_by_size``) call it on the
+profiler's per-layer costs, and the planner calls it for a straight pipeline whose
+stage times are the sums of its layers' (:mod:`pipetrain.plan.straight`). Pure Python.
 """
 
 from __future__ import annotations

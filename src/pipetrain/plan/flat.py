@@ -33,6 +33,7 @@ from pipetrain.plan.exact_count import (
 )
 from pipetrain.plan.exact_dp import exact_dp
 from pipetrain.plan.search import FlatSearch, Stages
+from pipetrain.plan.straight import solve_straight
 
 __all__ = [
     "feasible_plan",
@@ -49,7 +50,11 @@ logger = logging.getLogger(__name__)
 def solve_flat(search: FlatSearch, *, fewer_workers: bool) -> tuple[Stages, float] | None:
     """The optimum on one level; the fewest-workers optimum first, a lower bound of the
     optimum on exactly ``num_workers`` workers and most often equal to it. None: no plan
-    fits the memory limit."""
+    fits the memory limit. A straight pipeline of a layer sequence whose stage times are
+    sums of layer costs is the plain min-max partition, left to its one solver
+    (:mod:`pipetrain.plan.straight`)."""
+    if not fewer_workers and (plain := solve_straight(search)) is not None:
+        return plain
     fewest = minimize(
         search.probe_fewest, search.bottleneck, guess=search.guess, events=search.events_fewest
     )
