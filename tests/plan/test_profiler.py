@@ -18,6 +18,7 @@ from torch import nn
 
 import pipetrain
 import pipetrain.plan
+import pipetrain.plan.layer_costs
 import pipetrain.plan.measure
 import pipetrain.plan.memory
 import pipetrain.plan.profiler
@@ -308,7 +309,7 @@ def test_importing_the_plan_package_does_not_import_torch() -> None:
 
 @pytest.mark.parametrize(
     "module", [pipetrain.plan.measure, pipetrain.plan.memory, pipetrain.plan.profiler,
-               pipetrain.plan.profiler_inputs])
+               pipetrain.plan.profiler_inputs, pipetrain.plan.layer_costs])
 def test_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0

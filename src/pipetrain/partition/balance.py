@@ -1,7 +1,9 @@
 """Automatic balancing: measure each layer, then cut the model evenly by that cost.
 
 torchgpipe-compatible (``torchgpipe.balance.balance_by_time`` / ``balance_by_size``),
-and working on the CPU as well as on CUDA.
+and working on the CPU as well as on CUDA. Both are thin: torchgpipe's checks of their
+arguments, the profiler's per-layer costs (:mod:`pipetrain.plan.layer_costs`), then the
+one min-max solver (:func:`pipetrain.plan.contiguous.solve`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import torch
 from torch import nn
 
 from pipetrain.counts import whole_number
-from pipetrain.partition.profile import default_device, profile_sizes, profile_times
-from pipetrain.partition.solve import solve
 from pipetrain.partition.split import verify_module
+from pipetrain.plan.contiguous import solve
+from pipetrain.plan.layer_costs import profile_sizes, profile_times
+from pipetrain.plan.profiler_inputs import default_device
 
 __all__ = ["balance_by_size", "balance_by_time"]
 
@@ -121,7 +124,7 @@ def balance_by_size(
     bytes times ``param_scale``: 2 covers weights and gradients (SGD without
     momentum); use 3 for SGD with momentum, 4-5 for Adam. Sizes are weighed as
     torchgpipe's CUDA profiler weighs them (see
-    :func:`~pipetrain.partition.profile.profile_sizes`), on any device: ``device``
+    :func:`~pipetrain.plan.layer_costs.profile_sizes`), on any device: ``device``
     defaults to CUDA if available, else the CPU. The module is not changed.
 
     Raises:

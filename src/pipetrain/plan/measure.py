@@ -7,6 +7,13 @@ in place does not write to a leaf); the backward passes are the runtime's own
 (:mod:`pipetrain.backward.split`, imported so that the halves measured are the
 halves that run), with a gradient of ones for every output that needs one, or from the
 scalar ``loss_fn(output, target)`` for the last layer.
+
+Two ways to repeat: :func:`time_layer` times one layer round after round (the profiler's
+way: a layer at a time, so a model too big for the device is measured layer by layer);
+:func:`time_in_order` times a whole sequence pass after pass, in order, for a time
+budget (torchgpipe's way, which :func:`pipetrain.partition.balance_by_time` keeps: layers
+that hand tensors to later layers outside their output, ``@skippable`` stash and pop,
+run as in a plain forward).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,6 +42,7 @@ __all__ = [
     "last_level_cache_bytes",
     "median_time",
     "relative_spread",
+    "time_in_order",
     "time_layer",
     "time_optimizer_step",
 ]
@@ -141,6 +149,18 @@ class Sample(NamedTuple):
 
 
 @contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's garbage collector paused (a collection takes milliseconds), as timeit does."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+@contextlib.contextmanager
 def _timed(samples: list[Sample], keep: bool, device: torch.device) -> Iterator[None]:
     """Append the time the block takes to ``samples`` if ``keep``."""
     _synchronize(device)
@@ -233,15 +253,23 @@ def time_layer(
     """
     params = [p for p in layer.parameters() if p.requires_grad]
     timings = Timings()
-    collecting = gc.isenabled()
-    gc.disable()  # a collection takes milliseconds: pause it while timing, as timeit does
-    try:
+    with _gc_paused():
         output = _rounds(layer, value, params, timings, device=device, warmup=warmup,
                          repetitions=repetitions, loss_fn=loss_fn, target=target)
-    finally:
-        if collecting:
-            gc.enable()
     return timings, output
+
+
+def _whole_pass(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: Timings, *,
+                keep: bool, device: torch.device, loss_fn: LossFn | None = None,
+                target: Any = None) -> Any:
+    """One timed forward and whole backward of ``layer`` on a fresh copy of ``value``;
+    the output, detached."""
+    whole = Pass.prepare(value, device)
+    with _timed(timings.forward, keep, device):
+        whole.forward(layer, loss_fn, target)
+    with _timed(timings.backward, keep, device):
+        whole.backward(params)
+    return whole.detached_output()
 
 
 def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: Timings, *,
@@ -250,13 +278,8 @@ def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: T
     output: Any = None
     for round_index in range(warmup + repetitions):
         keep = round_index >= warmup
-        whole = Pass.prepare(value, device)
-        with _timed(timings.forward, keep, device):
-            whole.forward(layer, loss_fn, target)
-        with _timed(timings.backward, keep, device):
-            whole.backward(params)
-        output = whole.detached_output()
-        del whole
+        output = _whole_pass(layer, value, params, timings, keep=keep, device=device,
+                             loss_fn=loss_fn, target=target)
         if not params:
             continue
         split = Pass.prepare(value, device)
@@ -268,6 +291,43 @@ def _rounds(layer: nn.Module, value: Any, params: list[nn.Parameter], timings: T
             weight.run()
         del split, weight
     return output
+
+
+def time_in_order(
+    layers: Sequence[Callable[[], nn.Module]],
+    value: Any,
+    *,
+    device: torch.device,
+    timeout: float,
+) -> list[Timings]:
+    """Time every layer's forward and whole backward, pass after pass over the sequence
+    in order, until ``timeout`` seconds have gone by (at least one pass).
+
+    A pass builds each layer anew (``layers[j]()``: only one is alive at a time), runs
+    it on the previous layer's output (the first on ``value``) and backward from a
+    gradient of ones as :func:`time_layer` does; the timed regions are the same. Tensors
+    a layer hands to a later one outside its output (a skip connection's stash and pop)
+    get there as in a plain forward; a backward stops at its own layer's inputs. Returns
+    each layer's timings (``forward`` and ``backward``, one sample per pass).
+
+    Example:
+        >>> timings = time_in_order([lambda: nn.Linear(4, 4), nn.ReLU], torch.ones(2, 4),
+        ...                         device=torch.device("cpu"), timeout=0.0)
+        >>> [(len(t.forward), len(t.backward)) for t in timings]
+        [(1, 1), (1, 1)]
+    """
+    timings = [Timings() for _ in layers]
+    started = time.perf_counter()
+    while True:
+        current = value
+        for build, timed in zip(layers, timings):
+            layer = build()
+            params = [p for p in layer.parameters() if p.requires_grad]
+            with _gc_paused():
+                current = _whole_pass(layer, current, params, timed, keep=True, device=device)
+            del layer
+        if time.perf_counter() - started >= timeout:
+            return timings
 
 
 _FALLBACK_CACHE_BYTES = 32 << 20
@@ -318,15 +378,10 @@ def time_optimizer_step(
     samples: list[Sample] = []
     flush = (torch.empty(2 * last_level_cache_bytes(), dtype=torch.uint8)
              if device.type == "cpu" else None)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with _gc_paused():
         for round_index in range(max(1, warmup) + repetitions):
             if flush is not None:
                 flush.fill_(round_index % 251)  # evict the step's tensors from the cache
             with _timed(samples, round_index >= max(1, warmup), device):
                 step()
-    finally:
-        if collecting:
-            gc.enable()
     return samples

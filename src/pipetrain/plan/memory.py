@@ -1,7 +1,9 @@
 """The bytes a layer holds: storages counted once, tensors saved for backward, optimizer state.
 
 Sizes are counted per *storage* (the memory block a tensor and all its views share), so
-a tensor saved twice, or saved together with a view of it, counts once.
+a tensor saved twice, or saved together with a view of it, counts once; where the bytes
+CUDA's caching allocator books are wanted (torchgpipe's size weights), each storage in
+512-byte blocks (:func:`cuda_block_bytes`).
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from types import TracebackType
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from pipetrain.nested import iter_tensors
 
 __all__ = [
     "OPTIMIZERS",
     "OptimizerFactory",
     "SavedTensors",
+    "cuda_block_bytes",
+    "latent_bytes",
     "optimizer_state_bytes",
     "storage_bytes",
     "storage_key",
@@ -49,15 +56,35 @@ def storage_key(tensor: Tensor) -> tuple[str, int]:
         return "id", id(tensor)
 
 
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes that CUDA's caching allocator books for an allocation of ``nbytes``.
+
+    Allocations are made in blocks of 512 bytes, so ``torch.cuda.memory_allocated``
+    (what torchgpipe's size profiler reads) grows by at least 512 bytes per tensor.
+
+    Example:
+        >>> cuda_block_bytes(0), cuda_block_bytes(4), cuda_block_bytes(4000)
+        (0, 512, 4096)
+    """
+    return -(-nbytes // 512) * 512
+
+
 def storage_bytes(
-    tensors: Iterable[Tensor], *, exclude: AbstractSet[tuple[str, int]] = frozenset()
+    tensors: Iterable[Tensor],
+    *,
+    exclude: AbstractSet[tuple[str, int]] = frozenset(),
+    booked: Callable[[int], int] | None = None,
 ) -> int:
-    """Bytes of the distinct storages under ``tensors`` (each counted once), except ``exclude``.
+    """Bytes of the distinct storages under ``tensors`` (each counted once), except
+    ``exclude``; each storage's bytes go through ``booked`` when given (e.g.
+    :func:`cuda_block_bytes`).
 
     Example:
         >>> x = torch.zeros(4, 4)
         >>> storage_bytes([x, x[0], x.t()]), storage_bytes([x], exclude={storage_key(x)})
         (64, 0)
+        >>> storage_bytes([x, torch.zeros(1)], booked=cuda_block_bytes)
+        1024
     """
     sizes: dict[tuple[str, int], int] = {}
     for tensor in tensors:
@@ -68,6 +95,8 @@ def storage_bytes(
             sizes[key] = tensor.untyped_storage().nbytes()
         except (RuntimeError, NotImplementedError):
             sizes[key] = tensor.numel() * tensor.element_size()
+    if booked is not None:
+        return sum(booked(n) for n in sizes.values())
     return sum(sizes.values())
 
 
@@ -122,3 +151,27 @@ def optimizer_state_bytes(params: list[nn.Parameter], factory: OptimizerFactory)
     state = [value for per_param in optimizer.state.values() for value in per_param.values()
              if isinstance(value, Tensor) and value.dim() > 0]
     return storage_bytes(state)
+
+
+def latent_bytes(layer: nn.Module, value: Any) -> tuple[int, Any]:
+    """(bytes a forward of ``layer`` on ``value`` leaves allocated on CUDA, its output).
+
+    What stays allocated after the forward: the output and the tensors saved for
+    backward, each distinct storage counted once in CUDA's 512-byte blocks, leaving out
+    the storages that existed before (the input's, parameters and buffers), as
+    ``torch.cuda.memory_allocated`` after minus before counts them (torchgpipe's
+    ``profile_sizes``), on any device.
+
+    Example:
+        >>> x = torch.randn(1, 4, requires_grad=True)
+        >>> latent, out = latent_bytes(torch.nn.Linear(4, 4), x)  # its 16-byte output
+        >>> latent, tuple(out.shape)
+        (512, (1, 4))
+    """
+    before = {storage_key(t) for t in (*iter_tensors(value), *layer.parameters(),
+                                        *layer.buffers())}
+    with SavedTensors() as saved:
+        output = layer(value)
+    latent = storage_bytes((*iter_tensors(output), *saved.tensors), exclude=before,
+                           booked=cuda_block_bytes)
+    return latent, output

@@ -75,7 +75,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -104,7 +103,15 @@ from pipetrain.plan.memory import (
     storage_key,
 )
 from pipetrain.plan.profile import LayerProfile, Profile, model_identity
-from pipetrain.plan.profiler_inputs import LayerSource, check_settings, layer_sources
+from pipetrain.plan.profiler_inputs import (
+    LayerSource,
+    build_layer,
+    check_settings,
+    default_device,
+    first_rows,
+    layer_sources,
+    measuring,
+)
 
 __all__ = ["TIME_DIGITS", "LayerSignature", "LayerSource", "identify_model", "layer_signature",
            "profile_model"]
@@ -142,26 +149,10 @@ def _describe(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_rows(value: Any, rows: int) -> Any:
-    return map_tensors(lambda t: t[:rows] if t.dim() > 0 else t, value)
-
-
 def _optimizer_name(optimizer: str | OptimizerFactory) -> str:
     if isinstance(optimizer, str):
         return optimizer
     return str(getattr(getattr(optimizer, "func", optimizer), "__name__", "custom")).lower()
-
-
-def _build(index: int, source: LayerSource, settings: _Settings) -> nn.Module:
-    if isinstance(source, nn.Module):
-        layer = copy.deepcopy(source)
-    else:
-        layer = source()
-        if not isinstance(layer, nn.Module):
-            raise TypeError(f"layer factory {index} ({source!r}) returned a "
-                            f"{type(layer).__name__}, not an nn.Module")
-    layer.to(device=settings.device, dtype=settings.dtype)
-    return layer.train()
 
 
 def _description(layer: nn.Module) -> str:
@@ -237,7 +228,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
                    ) -> tuple[LayerProfile, _Memory, Any, LayerSignature]:
     """Build, measure and free one layer; its profile, memory pass, micro-batch output and
     signature."""
-    layer = _build(index, source, settings)
+    layer = build_layer(index, source, device=settings.device, dtype=settings.dtype)
     signature = layer_signature(layer)
     name = _description(layer)
     loss_fn = settings.loss_fn if last else None
@@ -359,12 +350,11 @@ def profile_model(
     rows = rows_of(sample)
     check_settings(rows, batch_size, microbatch_size, warmup, repetitions, optimizer, loss_fn, target)
     size = rows if batch_size is None else batch_size
-    device = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = torch.device(device) if device is not None else default_device()
     if dtype is not None:
         sample = map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, sample)
-    full = _first_rows(sample, size)
-    micro = _first_rows(sample, microbatch_size) if microbatch_size is not None else None
+    full = first_rows(sample, size)
+    micro = first_rows(sample, microbatch_size) if microbatch_size is not None else None
 
     def on_device(value: Any) -> Any:
         return map_tensors(lambda t: t.to(device), value)
@@ -372,17 +362,15 @@ def profile_model(
     settings = _Settings(
         device=device, dtype=dtype, warmup=warmup, repetitions=repetitions, loss_fn=loss_fn,
         optimizer=optimizer if callable(optimizer) else OPTIMIZERS[optimizer],
-        targets=(on_device(_first_rows(target, size)),
-                 on_device(_first_rows(target, microbatch_size or size))),
+        targets=(on_device(first_rows(target, size)),
+                 on_device(first_rows(target, microbatch_size or size))),
     )
     _logger.info("profiling %d layers on %s at batch size %d", len(sources), device, size)
     records: list[LayerProfile] = []
     signatures: list[LayerSignature] = []
     first_dtype = dtype
     counted: Sequence[bool] = [False] * len(list(iter_tensors(full)))
-    forked = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
-    with torch.enable_grad(), torch.random.fork_rng(devices=forked):
+    with measuring(device):
         for index, source in enumerate(sources):
             record, memory, micro, signature = _profile_layer(
                 index, source, full, micro, counted, settings, last=index == len(sources) - 1)

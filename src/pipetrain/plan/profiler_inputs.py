@@ -1,4 +1,5 @@
-"""The profiler's inputs checked: the layers (modules or factories) and the settings.
+"""The profiler's inputs: the layers (modules or factories) checked and built, the
+settings checked, the sample's first rows, the device, and the state measurements run in.
 
 Example:
     >>> from torch import nn
@@ -9,13 +10,27 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import copy
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+import torch
 from torch import nn
 
+from pipetrain.nested import map_tensors
 from pipetrain.plan.memory import OPTIMIZERS
 
-__all__ = ["LayerSource", "check_settings", "is_whole", "layer_sources"]
+__all__ = [
+    "LayerSource",
+    "build_layer",
+    "check_settings",
+    "default_device",
+    "first_rows",
+    "is_whole",
+    "layer_sources",
+    "measuring",
+]
 
 LayerSource = nn.Module | Callable[[], nn.Module]
 """A layer, or a factory that builds one (``pipetrain.models.gpt_layer_factories``)."""
@@ -42,6 +57,66 @@ def layer_sources(layers: nn.Sequential | Iterable[LayerSource]) -> list[LayerSo
         raise TypeError(f"{', '.join(bad)}: every layer must be an nn.Module or a "
                         "factory that returns one (e.g. functools.partial(nn.Linear, 8, 8))")
     return items
+
+
+def build_layer(index: int, source: LayerSource, *, device: torch.device,
+                dtype: torch.dtype | None = None) -> nn.Module:
+    """Layer ``index`` on ``device`` (in ``dtype``), in training mode: a deep copy of a
+    module (the caller's is left untouched), or what a factory returns.
+
+    Example:
+        >>> layer = nn.Linear(2, 2).eval()
+        >>> copy_ = build_layer(0, layer, device=torch.device("cpu"))
+        >>> copy_ is layer, copy_.training, layer.training
+        (False, True, False)
+    """
+    if isinstance(source, nn.Module):
+        layer = copy.deepcopy(source)
+    else:
+        layer = source()
+        if not isinstance(layer, nn.Module):
+            raise TypeError(f"layer factory {index} ({source!r}) returned a "
+                            f"{type(layer).__name__}, not an nn.Module")
+    layer.to(device=device, dtype=dtype)
+    return layer.train()
+
+
+def first_rows(value: Any, rows: int) -> Any:
+    """``value`` with every tensor of at least one dimension cut to its first ``rows``.
+
+    Example:
+        >>> first_rows({"x": torch.zeros(4, 2), "scale": torch.tensor(2.0)}, 1)["x"].shape
+        torch.Size([1, 2])
+    """
+    return map_tensors(lambda t: t[:rows] if t.dim() > 0 else t, value)
+
+
+def default_device() -> torch.device:
+    """CUDA (the current device) if available, else the CPU.
+
+    Example:
+        >>> default_device().type in ("cpu", "cuda")
+        True
+    """
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def measuring(device: torch.device) -> Iterator[None]:
+    """What every measurement runs in: gradients enabled, and the caller's random state
+    (of the CPU and of ``device``) restored afterwards.
+
+    Example:
+        >>> state = torch.random.get_rng_state()
+        >>> with measuring(torch.device("cpu")):
+        ...     _ = torch.randn(3)
+        >>> torch.equal(state, torch.random.get_rng_state())
+        True
+    """
+    forked = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.enable_grad(), torch.random.fork_rng(devices=forked):
+        yield
 
 
 def is_whole(value: object) -> bool:
