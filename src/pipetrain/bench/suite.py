@@ -41,6 +41,21 @@ def write_json(path: Path, value: Any) -> None:
     partial.replace(path)
 
 
+def _reason(error: BaseException) -> str:
+    """An error in one line: its type and first line (and, after a heading such as a
+    failed rank's ``rank 0:``, the line that follows it).
+
+    Example:
+        >>> _reason(RuntimeError("rank 0:\\nValueError: bad width\\nTraceback ..."))
+        'RuntimeError: rank 0: ValueError: bad width'
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    return f"{type(error).__name__}: {text}"[:500]
+
+
 def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
     """Run case ``name``: its status and, when it ran, its tables, plots and data."""
     try:
@@ -57,8 +72,7 @@ def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
     except SkipCase as skip:
         return {"title": case.title, "status": "skipped", "reason": str(skip)}
     except Exception as error:  # recorded; the other cases still run
-        return {"title": case.title, "status": "failed",
-                "reason": f"{type(error).__name__}: {error}".splitlines()[0][:500],
+        return {"title": case.title, "status": "failed", "reason": _reason(error),
                 "error": traceback.format_exc()}
     if not isinstance(result, BenchResult):
         return {"title": case.title, "status": "failed",
