@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -147,3 +148,23 @@ def test_a_trial_past_the_cap_is_ended_by_the_watchdog() -> None:
             run_job(trial_worker, "pipeline", 400, work, 4.0, marks, world_size=2, timeout=120)
         killed = [float(p.read_text()) for p in Path(marks).glob("*.killed")]
     assert killed and all(mib > 4.0 for mib in killed)
+
+
+def test_the_quick_jobs_leave_the_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    calls: list[tuple[str, ...]] = []
+
+    def fake_run_job(fn: Any, kinds: list[str], *args: Any, world_size: int,
+                     **kwargs: Any) -> list[Any]:
+        os.environ["OMP_NUM_THREADS"] = "1"  # as run_job does around its spawn
+        calls.append(tuple(kinds))
+        return [[_fake_search(4 * world_size, 1.0) for _ in kinds]]
+
+    monkeypatch.setattr(gpipe_table1, "run_job", fake_run_job)
+    sizes = gpipe_table1.SIZES["quick"]
+    found = gpipe_table1._quick_searches(BenchContext(quick=True, out=Path("."),
+                                                      progress=lambda line: None), sizes)
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert sorted(calls) == [("naive", "gpipe", "pipeline"), ("pipeline",)]
+    assert [f["search"]["largest"] for f in found] == [4, 4, 4, 8, 0]
+    assert found[4]["search"]["stopped"] == "full run only"

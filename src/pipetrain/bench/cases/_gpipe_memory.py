@@ -78,7 +78,14 @@ class Workload:
 
 
 def train(kind: str, depth: int, work: Workload, context: Any, *, steps: int = 2) -> None:
-    """Build the ``kind`` runner of the GPT of ``depth`` blocks and train ``steps`` steps."""
+    """Build the ``kind`` runner of the GPT of ``depth`` blocks and train ``steps`` steps
+    (``context``: the job's, from :func:`pipetrain.launch.run_processes`).
+
+    Example (on every rank of a 2-process job)::
+
+        train("pipeline", 8, Workload(width=64, heads=2, context=32, batch=16,
+                                      microbatches=8), context)
+    """
     import pipetrain
 
     x, y = work.tensors()
@@ -150,7 +157,12 @@ def _pids(context: Any) -> list[int]:
 def trial_worker(context: Any, kind: str, depth: int, work: Workload, cap_mib: float,
                  marker_dir: str) -> dict[str, Any]:
     """One trial in fresh processes (every rank of the job): the warm-up, then the
-    trial under the watchdog; returns this rank's peak (MiB above the warmed-up start)."""
+    trial under the watchdog; returns this rank's peak (MiB above the warmed-up start).
+
+    Example::
+
+        ranks = run_job(trial_worker, "pipeline", 64, work, 128.0, marker_dir, world_size=2)
+    """
     _warm_up(kind, work, context)
     pids = _pids(context)
     meter = PeakMemory([torch.device("cpu")])
@@ -187,7 +199,13 @@ def _in_job_trial(kind: str, depth: int, work: Workload, context: Any,
 def search_worker(context: Any, kinds: list[str], work: Workload, cap_mib: float,
                   starts: list[int], tolerance: float, limit: int) -> list[dict[str, Any]]:
     """Searches in one job (every rank of it): for each runner kind in turn, the largest
-    depth whose trial fits on every rank; trials agree through an all-gather."""
+    depth whose trial fits on every rank; trials agree through an all-gather.
+
+    Example::
+
+        found = run_job(search_worker, ["naive", "gpipe"], work, 24.0, [4, 12], 0.25, 1024,
+                        world_size=1)[0]
+    """
     import torch.distributed as dist
 
     for kind in kinds:
@@ -249,7 +267,15 @@ def fresh_search(kind: str, workers: int, work: Workload, *, start: int, deadlin
                  cap_mib: float, tolerance: float, limit: int,
                  trial_timeout_s: float) -> dict[str, Any]:
     """The largest depth whose trial fits, every trial in fresh processes (the full run);
-    the search and every trial's record."""
+    the search and every trial's record.
+
+    Example::
+
+        result = fresh_search("gpipe", 1, work, start=16, deadline=time.monotonic() + 60,
+                              cap_mib=128.0, tolerance=1 / 12, limit=4096,
+                              trial_timeout_s=240.0)
+        result["search"]["largest"]
+    """
     records: list[dict[str, Any]] = []
     failures: list[str] = []
     found = largest_fitting(

@@ -35,7 +35,12 @@ __all__ = ["LayerCosts", "ModelSpec", "simulated_throughput", "throughput_worker
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerCosts:
-    """Seconds per layer at one micro-batch size: forward, backward, optimizer step."""
+    """Seconds per layer at one micro-batch size: forward, backward, optimizer step.
+
+    Example:
+        >>> LayerCosts(forward=(1.0, 2.0), backward=(2.0, 4.0), step=(0.0, 0.0)).forward
+        (1.0, 2.0)
+    """
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
@@ -74,7 +79,13 @@ def simulated_throughput(costs: LayerCosts, *, num_stages: int, num_microbatches
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A model of Table 2 and its batch: ``kind`` ``"gpt"`` (``size``: blocks, width,
-    heads, context) or ``"resnet"`` (``size``: blocks per stage, widths..., image side)."""
+    heads, context) or ``"resnet"`` (``size``: blocks per stage, widths..., image side).
+
+    Example:
+        >>> spec = ModelSpec(name="ResNet", kind="resnet", size=(1, 4, 8, 8), batch=2)
+        >>> len(spec.factories()), spec.tensors()[0].shape
+        (5, torch.Size([2, 3, 8, 8]))
+    """
 
     name: str
     kind: str
@@ -154,7 +165,12 @@ def throughput_worker(context: Any, specs: list[ModelSpec], microbatches: list[i
     model at each M as a K-stage Pipeline, interleaved; rank 0's answer holds the
     profiles and every runner's step times (max over the ranks).
     ``settings``: ``reps``, ``warmup`` (of the timing), ``profile_warmup``,
-    ``profile_repetitions`` and ``profile_rounds``."""
+    ``profile_repetitions`` and ``profile_rounds``.
+
+    Example::
+
+        answer = run_job(throughput_worker, specs, [1, 4, 32], settings, world_size=2)[0]
+    """
     import torch.distributed as dist
 
     from pipetrain.bench.harness import gather_objects, interleave, step_times

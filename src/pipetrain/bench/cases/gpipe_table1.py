@@ -14,6 +14,7 @@ next to the paper's Transformer-L and AmoebaNet-D rows.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,7 +43,12 @@ Transformer-L layer)."""
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Runner:
-    """A row of the table: how the GPT is trained and on how many worker processes."""
+    """A row of the table: how the GPT is trained and on how many worker processes.
+
+    Example:
+        >>> [(r.kind, r.workers) for r in RUNNERS][-1]
+        ('pipeline', 4)
+    """
 
     label: str
     kind: str
@@ -71,7 +77,7 @@ RUNNERS = (
 
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"work": Workload(width=128, heads=4, context=64, batch=16, microbatches=16),
-             "cap_mib": 160.0, "tolerance": 1 / 16, "limit": 4096, "budget_s": 300.0,
+             "cap_mib": 128.0, "tolerance": 1 / 12, "limit": 4096, "budget_s": 300.0,
              "trial_timeout_s": 240.0},
     "quick": {"work": Workload(width=64, heads=2, context=32, batch=16, microbatches=8),
               "cap_mib": 24.0, "tolerance": 1 / 4, "limit": 1024, "budget_s": 90.0,
@@ -125,8 +131,17 @@ def _quick_searches(context: BenchContext, sizes: dict[str, Any]) -> list[dict[s
             sizes["limit"], world_size=workers, threads=1, timeout=sizes["budget_s"])[0]
         return result
 
-    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-        done = dict(zip(groups, pool.map(job, groups)))
+    # run_job sets OMP_NUM_THREADS around each spawn; jobs started at once could leave
+    # it set here, so this process's own value is put back after them
+    saved = os.environ.get("OMP_NUM_THREADS")
+    try:
+        with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            done = dict(zip(groups, pool.map(job, groups)))
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
     order = {workers: iter(results) for workers, results in done.items()}
     skipped = {"search": {"largest": 0, "first_too_large": None, "trials": [],
                           "stopped": "full run only"}, "records": []}
@@ -174,8 +189,8 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x" if value and base and value > 0 and base > 0 else "-"
 
 
-def _tables(found: list[dict[str, Any]], sizes: dict[str, Any],
-            params: list[int]) -> list[Table]:
+def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int], *,
+            method: str) -> list[Table]:
     work: Workload = sizes["work"]
     naive = params[0]
     gpipe = params[1]
@@ -224,14 +239,14 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any],
                f"state of one block take {weights_mib:.1f} MiB; the rest of naive-1's MiB per "
                f"block is activations, which dominate it as in the paper's AmoebaNet-D row "
                f"(6.26 GB of activations beside 1.05 GB of parameters), so that "
-               f"re-materialization pays. The CPU's figures are not the TPU's: a TPU's "
-               f"memory holds no code, and the paper grows AmoebaNet in width as well."),
+               f"re-materialization pays. Trials: {method}. The CPU's figures are not the "
+               f"TPU's: a TPU's memory holds no code, and the paper grows AmoebaNet in width "
+               f"as well."),
     )
-    checks = _checks(rows, params, gpipe)
-    return [main, checks]
+    return [main, _checks(params, gpipe)]
 
 
-def _checks(rows: list[list[Any]], params: list[int], gpipe: int) -> Table:
+def _checks(params: list[int], gpipe: int) -> Table:
     naive, pipe1, pipe2, pipe4 = params[0], params[2], params[3], params[4]
     t1, t2, t4 = PAPER["pipeline-1"][0], PAPER["pipeline-2"][0], PAPER["pipeline-4"][0]
     lines = [
@@ -267,23 +282,29 @@ def _verdict(value: int, base: int, goal: float) -> str:
 
 
 def run(context: BenchContext) -> BenchResult:
-    """Search every runner's largest GPT under the cap; the tables and every trial."""
+    """Search every runner's largest GPT under the cap; the tables and every trial.
+
+    Example::
+
+        result = run(BenchContext(quick=True, out=Path("bench-out")))
+        print(result.tables[1].markdown())
+    """
     sizes = SIZES["quick" if context.quick else "full"]
     began = time.monotonic()
     found = (_quick_searches if context.quick else _full_searches)(context, sizes)
     work: Workload = sizes["work"]
     params = [work.parameters(r["search"]["largest"]) if r["search"]["largest"]
               else (0 if r["search"]["trials"] else -1) for r in found]
+    method = ("fresh processes each, ended by a watchdog past the cap" if not context.quick
+              else "one job per process count (quick run), what earlier trials left "
+                   "resident counted against later ones")
     data = {"workload": dataclasses.asdict(work), "cap_mib": sizes["cap_mib"],
-            "tolerance": sizes["tolerance"],
-            "method": "fresh processes per trial" if not context.quick
-                      else "one job per process count (earlier trials' resident memory "
-                           "counted against later ones)",
+            "tolerance": sizes["tolerance"], "method": method,
             "runners": [{**dataclasses.asdict(r), "parameters": n if n >= 0 else None, **f}
                         for r, n, f in zip(RUNNERS, params, found)],
             "paper": {k: {"transformer": t, "amoebanet": a} for k, (t, a) in PAPER.items()},
             "seconds": round(time.monotonic() - began, 1)}
-    return BenchResult(tables=_tables(found, sizes, params), data=data)
+    return BenchResult(tables=_tables(found, sizes, params, method=method), data=data)
 
 
 CASE = Case(name="gpipe_table1",

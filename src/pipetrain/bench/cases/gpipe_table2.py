@@ -47,7 +47,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"specs": (ModelSpec(name="GPT", kind="gpt", size=(16, 128, 4, 128), batch=32),
                        ModelSpec(name="ResNet", kind="resnet", size=(3, 32, 64, 128, 32),
                                  batch=32)),
-             "reps": 8, "warmup": 2, "profile_warmup": 1, "profile_repetitions": 3,
+             "reps": 6, "warmup": 2, "profile_warmup": 1, "profile_repetitions": 3,
              "profile_rounds": 2,
              "timeout_s": 600.0},
     "quick": {"specs": (ModelSpec(name="GPT", kind="gpt", size=(8, 32, 2, 16), batch=32),
@@ -159,7 +159,13 @@ def _table(specs: tuple[ModelSpec, ...], measured: dict[str, dict[int, dict[str,
 
 
 def run(context: BenchContext) -> BenchResult:
-    """Profile both models, time them at K = 2 for every M, simulate every K; the table."""
+    """Profile both models, time them at K = 2 for every M, simulate every K; the table.
+
+    Example::
+
+        result = run(BenchContext(quick=True, out=Path("bench-out")))
+        print(result.tables[0].markdown())
+    """
     sizes = SIZES["quick" if context.quick else "full"]
     specs: tuple[ModelSpec, ...] = sizes["specs"]
     began = time.monotonic()
@@ -194,4 +200,4 @@ def run(context: BenchContext) -> BenchResult:
 
 CASE = Case(name="gpipe_table2",
             title="GPipe Table 2: throughput vs partitions K and micro-batches M (GPT, ResNet)",
-            run=run, quick_seconds=25, full_seconds=90)
+            run=run, quick_seconds=25, full_seconds=80)
