@@ -111,6 +111,7 @@ def test_the_suite_records_every_case_and_goes_on_after_a_failure(
     assert ok["tables"] == [{"title": "Fake", "columns": ["a", "b"], "rows": [[1, 2.5]],
                              "anchor": "nothing", "notes": "", "key": "only"}]
     assert ok["data"] == {"quick": True} and ok["quick"] is True and ok["wall_s"] >= 0
+    assert ok["cpu_s"] >= 0
     meta = ok["metadata"]
     assert meta["command"] == "pipetrain bench x" and meta["date"][:2] == "20"
     assert {"cpu_model", "cores", "memory_bytes", "load_average_before",

@@ -3,7 +3,8 @@
 :func:`run_suite` runs the cases it is given one after another in this process (each
 case spawns the processes it measures), says on ``progress`` which case starts and how
 it ended (and passes the case's own progress lines on, prefixed with its name), and
-writes ``OUT/<name>.json``: the case's tables, plots, data, wall time and status
+writes ``OUT/<name>.json``: the case's tables, plots, data, wall time, CPU time (its own
+processes' and those it spawned) and status
 (``ok``, ``skipped`` with the reason, ``failed`` with the error), and the run's metadata
 (:func:`pipetrain.bench.run_info.run_metadata`: date, command line, machine with the
 load average before and after the case, versions). A case that fails is recorded and
@@ -12,6 +13,7 @@ the others still run. ``OUT/summary.json`` lists every case's status and wall ti
 
 from __future__ import annotations
 
+import resource
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -39,6 +41,14 @@ def write_json(path: Path, value: Any) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(dump_json(value) + "\n")
     partial.replace(path)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the processes it spawned and joined (what a
+    case costs the machine, whatever else runs on it)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), \
+        resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _reason(error: BaseException) -> str:
@@ -93,11 +103,12 @@ def run_case(name: str, *, quick: bool, out: Path, command: str,
     """
     metadata = run_metadata(command)
     context = BenchContext(quick=quick, out=out, progress=lambda line: progress(f"  {name}: {line}"))
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), _cpu_seconds()
     outcome = _outcome(name, context)
     wall = time.perf_counter() - began
     metadata["machine"]["load_average_after"] = load_average()
     record: dict[str, Any] = {"name": name, "quick": quick, "wall_s": round(wall, 3),
+                              "cpu_s": round(_cpu_seconds() - cpu, 3),
                               "tables": [], "plots": [], "data": {}, **outcome,
                               "metadata": metadata}
     write_json(out / f"{name}.json", record)
@@ -132,7 +143,7 @@ def run_suite(names: Sequence[str], *, quick: bool, out: Path, command: str,
         progress(f"[{k}/{len(names)}] {name}: {ending}")
         summary["cases"].append({"name": name, "title": record["title"],
                                  "status": record["status"], "reason": record["reason"],
-                                 "wall_s": record["wall_s"]})
+                                 "wall_s": record["wall_s"], "cpu_s": record["cpu_s"]})
         write_json(out / "summary.json", summary)
     summary["wall_s"] = round(time.perf_counter() - began, 3)
     summary["machine"]["load_average_after"] = load_average()

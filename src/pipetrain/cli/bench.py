@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot write --out {str(out)!r}: {error.strerror or error}")
     width = max(len(c["name"]) for c in summary["cases"])
     for case in summary["cases"]:
-        line = f"{case['name']:<{width}}  {case['status']:<7} {case['wall_s']:8.1f} s"
+        line = (f"{case['name']:<{width}}  {case['status']:<7} {case['wall_s']:8.1f} s, "
+                f"CPU {case['cpu_s']:7.1f} s")
         if case["reason"]:
             line += f"  {case['reason']}"
         sys.stdout.write(line + "\n")
