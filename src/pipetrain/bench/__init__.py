@@ -5,8 +5,11 @@ A benchmark is a *case* (:mod:`.case`): a module under :mod:`pipetrain.bench.cas
 ``CASE`` object that runs at full or ``--quick`` size and returns a :class:`~.case.BenchResult`
 (tables of pipetrain's figures beside the anchors' and the papers', plots, raw data).
 :mod:`.registry` lists them; :mod:`.suite` runs any subset and writes one JSON file per
-case (and its PNGs) into ``--out``; :mod:`.docs` regenerates the tables in
-``docs/benchmarks.md`` from those files.
+case (and its PNGs) into ``--out``, with what :mod:`.run_info` records about the run
+(machine, versions, command, date); :mod:`.docs` regenerates the tables in
+``docs/benchmarks.md`` from those files. The cases share :mod:`.harness` (job launch,
+interleaved timing, statistics, machine load, peak memory, JSON); larger ones keep their
+engine beside it (:mod:`.vs_torch`, :mod:`.gpipe_runs`).
 """
 
 from __future__ import annotations
