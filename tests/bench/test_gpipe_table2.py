@@ -99,3 +99,16 @@ def test_table_from_a_given_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rows[("GPT", 8, 32)][4] == round(uniform_bound(8, 32), 2)  # equal layers
     assert rows[("GPT", 4, 32)][6] == 3.4 and rows[("ResNet", 8, 32)][6] == 3.48
     assert result.data["measured_k2"]["GPT"]["4"]["median_s"] == 1.0
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_profiles_give_each_layer_at_each_microbatch_size(rounds: int) -> None:
+    from pipetrain.bench.cases._gpipe_throughput import ModelSpec, _profile
+
+    spec = ModelSpec(name="GPT", kind="gpt", size=(2, 16, 2, 8), batch=4)
+    costs = _profile(spec, [1, 4], warmup=0, repetitions=1, rounds=rounds)
+    assert sorted(costs) == [1, 4]
+    for c in costs.values():
+        assert len(c.forward) == len(c.backward) == len(c.step) == 4  # embedding, 2 blocks, head
+        assert all(t > 0 for t in c.forward + c.backward)
+        assert c.step[0] > 0  # AdamW over the embedding's weights

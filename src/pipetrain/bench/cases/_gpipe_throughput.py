@@ -133,7 +133,8 @@ def _profile(spec: ModelSpec, microbatches: Sequence[int], *, warmup: int,
                 forward=tuple(p.forward_s for p in profile.layers),
                 backward=tuple(p.backward_s for p in profile.layers),
                 step=tuple(p.optimizer_step_s or 0.0 for p in profile.layers)))
-    return {m: LayerCosts(**{name: tuple(map(min, *(getattr(c, name) for c in costs)))
+    return {m: LayerCosts(**{name: tuple(min(layer) for layer in zip(
+                                 *(getattr(c, name) for c in costs)))
                              for name in ("forward", "backward", "step")})
             for m, costs in seen.items()}
 
