@@ -49,6 +49,14 @@ def test_the_fused_path_is_open_on_this_torch() -> None:
     assert compat.fused_gemm_supported()
 
 
+def test_the_probe_draws_nothing_from_torchs_generator() -> None:
+    """The gate is decided during a run's first split backward: a draw there would shift the
+    run's dropout masks from single-process training's."""
+    before = torch.default_generator.get_state()
+    assert compat._probe() is None
+    assert torch.equal(before, torch.default_generator.get_state())
+
+
 def test_a_linear_layer_reads_as_a_gemm_of_its_input() -> None:
     lin = nn.Linear(3, 5)
     x = torch.randn(2, 4, 3, requires_grad=True)  # 3-D: flattened into one addmm

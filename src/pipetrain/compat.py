@@ -165,8 +165,12 @@ def _probe() -> str | None:
     from torch.autograd.graph import get_gradient_edge
 
     with torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        lin = torch.nn.Linear(2, 3)
-        x = torch.randn(4, 2, requires_grad=True)
+        # no draws from torch's generator: the probe must not change a run's random stream
+        lin = torch.nn.Linear(2, 3, device="meta").to_empty(device="cpu")
+        with torch.no_grad():
+            lin.weight.copy_(torch.arange(6.0).reshape(3, 2))
+            lin.bias.fill_(0.5)
+        x = torch.arange(8.0).reshape(4, 2).requires_grad_()
         gemm = _read_gemm(lin(x).grad_fn)
         if gemm is None or gemm.x is None or not torch.equal(gemm.x, x):
             return f"a linear layer's node is not read as {_ADDMM} of its saved input"

@@ -48,6 +48,15 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _worker_pid(launcher: int, rank: int) -> int:
     """The pid of worker ``rank`` among the launcher's children."""
     for entry in os.listdir("/proc"):
@@ -82,12 +91,17 @@ def test_a_frozen_peer_ends_the_run_in_time_and_the_history_is_kept(tmp_path: Pa
         before = _steps_recorded(out)
         assert before >= 5, "the run never got going"
         frozen = _worker_pid(launcher.pid, 1)
+        survivor = _worker_pid(launcher.pid, 0)
         os.kill(frozen, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        # rank 0 ends within --timeout; the launcher then stops the frozen worker (torch's
-        # elastic agent gives a worker 30 s to answer SIGTERM before SIGKILL)
-        output, _ = launcher.communicate(timeout=timeout + 60)
+        # rank 0 ends within --timeout (the launcher would then give the frozen worker 30 s
+        # to answer SIGTERM before its SIGKILL: the test sends that SIGKILL itself)
+        while os.path.exists(f"/proc/{survivor}") and _alive(survivor) \
+                and time.monotonic() < stopped_at + timeout + 45:
+            time.sleep(0.2)
         took = time.monotonic() - stopped_at
+        os.kill(frozen, signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()

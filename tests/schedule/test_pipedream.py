@@ -227,8 +227,8 @@ def test_simulate_command_shows_the_steady_state(capsys: pytest.CaptureFixture[s
                  "--steps", "8"]) == 0
     text = capsys.readouterr().out
     assert "rank 3: .      .      .      F0v0   B0v0   F1v1" in text
-    assert ("steady state: one micro-batch every 3 (8 steps of 8 without flushes: 3.14062 per "
-            "micro-batch, fill and drain included); 1f1b with a flush every 8 micro-batches: "
+    assert ("steady state (a long run): one micro-batch every 3; the 8 steps of 8 above, without "
+            "flushes: 3.14062 per micro-batch, fill and drain included; 1f1b with a flush every 8 micro-batches: "
             "4.125 per micro-batch (1.38x). Pipeline.train_step ends each step on every rank "
             "together: 3.375 per micro-batch (1.22x 1f1b)") in text
     assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
@@ -50,11 +49,15 @@ def sizes_of(tensors: Sequence[torch.Tensor]) -> Sizes:
 
 
 def _expr(dim: Any) -> Any:
+    import sympy  # only where a graph is captured (torch.export imports it then anyway)
+
     expr = dim.node.expr if isinstance(dim, torch.SymInt) else dim
     return int(expr) if isinstance(expr, (int, sympy.Integer)) else expr
 
 
 def _bound(value: Any) -> int | None:
+    import sympy
+
     return int(value) if isinstance(value, (int, sympy.Integer)) else None
 
 
@@ -97,6 +100,8 @@ class InputSizes:
         return self._verdicts[sizes]
 
     def _check(self, sizes: Sizes) -> str | None:
+        import sympy
+
         if len(sizes) != len(self.dims):
             return f"{len(sizes)} tensor inputs, captured with {len(self.dims)}"
         symbols: dict[Any, int] = {}
