@@ -7,7 +7,8 @@ A document marks where a case's tables go, each marker a line of its own::
     <!-- bench:transport:end -->
 
 ``bench:NAME`` takes every table of case ``NAME``; ``bench:NAME/KEY`` the one table whose
-:attr:`~pipetrain.bench.case.Table.key` is ``KEY``. Each generated block ends with a line
+:attr:`~pipetrain.bench.case.Table.key` is ``KEY``; ``bench:NAME/plots`` the case's pictures
+(links to its PNG files in the results folder, relative to the document). Each generated block ends with a line
 stating the run that produced it: the date, the machine, the versions and the command.
 A case the results folder does not hold leaves its blocks as they are. Run::
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,7 +28,8 @@ from typing import Any
 
 from pipetrain.bench.case import Table
 
-__all__ = ["block_text", "load_results", "main", "markers", "provenance", "regenerate"]
+__all__ = ["PLOTS", "block_text", "load_results", "main", "markers", "plots_text", "provenance",
+           "regenerate"]
 
 _MARKER = re.compile(r"^<!-- bench:(?P<name>[\w-]+)(?:/(?P<key>[\w-]+))?:begin -->$",
                      re.MULTILINE)
@@ -95,6 +98,24 @@ def provenance(record: Mapping[str, Any]) -> str:
             f"{_gib(machine.get('memory_bytes'))}{load}; {', '.join(named)}.*")
 
 
+PLOTS = "plots"
+"""The key of a block that shows a case's pictures instead of a table."""
+
+
+def plots_text(record: Mapping[str, Any], folder: str) -> str:
+    """Markdown image links to the case's PNG files, ``folder`` being the results folder
+    relative to the document.
+
+    Example:
+        >>> print(plots_text({"name": "x", "plots": ["x_speed.png"]}, "bench"))
+        ![x_speed.png](bench/x_speed.png)
+    """
+    plots = list(record.get("plots") or [])
+    if not plots:
+        return f"*Case `{record['name']}` drew no picture in this run.*"
+    return "\n\n".join(f"![{name}]({folder}/{name})" for name in plots)
+
+
 def block_text(record: Mapping[str, Any], key: str | None = None) -> str:
     """The generated content of a block: the case's tables (or the one with ``key``),
     each under its title, then :func:`provenance`; a case that did not run says why.
@@ -139,9 +160,11 @@ def markers(text: str) -> list[str]:
     return found
 
 
-def regenerate(text: str, results: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str]]:
+def regenerate(text: str, results: Mapping[str, Mapping[str, Any]], *,
+               pictures: str = ".") -> tuple[str, list[str]]:
     """``text`` with every block of a case in ``results`` regenerated; the new text and
-    the blocks it regenerated (``NAME`` or ``NAME/KEY``).
+    the blocks it regenerated (``NAME`` or ``NAME/KEY``). ``pictures`` is the results
+    folder relative to the document (for the ``NAME/plots`` blocks).
 
     Raises:
         ValueError: a block has no end marker, or names a table key its case lacks.
@@ -170,7 +193,9 @@ def regenerate(text: str, results: Mapping[str, Mapping[str, Any]]) -> tuple[str
                              f"{_END.format(target=target)!r}")
         pieces.append(text[position:match.end()])
         if name in results:
-            pieces.append("\n" + block_text(results[name], key) + "\n")
+            made = (plots_text(results[name], pictures) if key == PLOTS
+                    else block_text(results[name], key))
+            pieces.append("\n" + made + "\n")
             done.append(target)
         else:
             pieces.append(text[match.end():end])
@@ -180,29 +205,35 @@ def regenerate(text: str, results: Mapping[str, Mapping[str, Any]]) -> tuple[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pipetrain.bench.docs RESULTS_DIR [--into FILE]``: regenerate the
-    document's blocks from the results; 0, or 2 on bad input (message on stderr)."""
+    """``python -m pipetrain.bench.docs RESULTS_DIR [--into FILE ...]``: regenerate the
+    documents' blocks from the results; 0, or 2 on bad input (message on stderr)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipetrain.bench.docs",
-        description="Regenerate the tables of a document (docs/benchmarks.md) from the "
+        description="Regenerate the tables of documents (docs/benchmarks.md) from the "
                     "result files of pipetrain bench.")
     parser.add_argument("results", type=Path, metavar="RESULTS_DIR",
                         help="the --out folder of a pipetrain bench run")
-    parser.add_argument("--into", type=Path, default=Path("docs/benchmarks.md"),
-                        metavar="FILE", help="the document to update (default docs/benchmarks.md)")
+    parser.add_argument("--into", type=Path, nargs="+", default=[Path("docs/benchmarks.md")],
+                        metavar="FILE",
+                        help="the documents to update (default docs/benchmarks.md)")
     args = parser.parse_args(argv)
     try:
         results = load_results(args.results)
-        text = args.into.read_text()
-        new, done = regenerate(text, results)
+        updates = []
+        for into in args.into:
+            text = into.read_text()
+            pictures = os.path.relpath(args.results.resolve(), into.resolve().parent)
+            new, done = regenerate(text, results, pictures=Path(pictures).as_posix())
+            updates.append((into, text, new, done))
     except (OSError, ValueError) as error:
         sys.stderr.write(f"python -m pipetrain.bench.docs: error: {error}\n")
         return 2
-    args.into.write_text(new)
-    left = [m for m in markers(text) if m not in done]
-    sys.stderr.write(f"{args.into}: {len(done)} block{'s' if len(done) != 1 else ''} "
-                     f"regenerated ({', '.join(done) or 'none'})"
-                     + (f"; not in {args.results}: {', '.join(left)}" if left else "") + "\n")
+    for into, text, new, done in updates:
+        into.write_text(new)
+        left = [m for m in markers(text) if m not in done]
+        sys.stderr.write(f"{into}: {len(done)} block{'s' if len(done) != 1 else ''} "
+                         f"regenerated ({', '.join(done) or 'none'})"
+                         + (f"; not in {args.results}: {', '.join(left)}" if left else "") + "\n")
     return 0
 
 
