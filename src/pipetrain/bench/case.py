@@ -13,7 +13,17 @@ Example (a case module, ``pipetrain/bench/cases/example.py``)::
                       anchor="torchgpipe 0.0.7, same process kind, interleaved")
         return BenchResult(tables=[table], data={"ratio": 1.41})
 
-    CASE = Case(name="example", title="An example", run=run, quick_seconds=20, full_seconds=120)
+    def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+        return [bar_chart(out / "example_ratio.png", title="pipetrain / torchgpipe",
+                          categories=texts(tables[0], "model"),
+                          series={"ratio": numbers(tables[0], "ratio")}, ylabel="ratio")]
+
+    CASE = Case(name="example", title="An example", run=run, draw=draw, quick_seconds=20,
+                full_seconds=120)
+
+``draw`` reads only the tables and data (as a result file holds them, after a JSON round
+trip), so that ``python -m pipetrain.bench.redraw RESULTS_DIR`` draws the pictures again
+without measuring (:mod:`pipetrain.bench.drawings` reads the tables' cells).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchContext", "BenchResult", "Case", "SkipCase", "Table"]
+__all__ = ["BenchContext", "BenchResult", "Case", "Draw", "SkipCase", "Table"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,10 +124,16 @@ class SkipCase(Exception):
     """
 
 
+Draw = Callable[[list[Table], dict[str, Any], Path], list[str]]
+"""A case's pictures: ``draw(tables, data, out)`` writes PNG files into ``out`` from the
+tables and data of its result (as recorded) and returns their file names."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """A benchmark: its name (``pipetrain bench NAME``), a title, the function that runs
-    it, and its expected duration on a 2-core CPU (seconds, quick and full)."""
+    it, and its expected duration on a 2-core CPU (seconds, quick and full); optionally
+    the function that draws its pictures from its tables and data (:data:`Draw`)."""
 
     name: str
     title: str
@@ -126,3 +142,6 @@ class Case:
     full_seconds: float
     needs: tuple[str, ...] = ()
     """Optional packages it needs (``torchgpipe``...); missing ones skip it, with the reason."""
+    draw: Draw | None = None
+    """Draws the case's PNG pictures from its recorded tables and data (the suite calls it
+    after a run that succeeded; :mod:`pipetrain.bench.redraw` from a result file)."""

@@ -5,7 +5,9 @@ case spawns the processes it measures), says on ``progress`` which case starts a
 it ended (and passes the case's own progress lines on, prefixed with its name), and
 writes ``OUT/<name>.json``: the case's tables, plots, data, wall time, CPU time (its own
 processes' and those it spawned) and status
-(``ok``, ``skipped`` with the reason, ``failed`` with the error), and the run's metadata
+(``ok``, ``skipped`` with the reason, ``failed`` with the error), the pictures the case's
+``draw`` made from its tables and data after it ran (their file names in ``plots``; a
+drawing that fails leaves ``draw_error`` and the status as it was), and the run's metadata
 (:func:`pipetrain.bench.run_info.run_metadata`: date, command line, machine with the
 load average before and after the case, versions). A case that fails is recorded and
 the others still run. ``OUT/summary.json`` lists every case's status and wall time.
@@ -13,6 +15,7 @@ the others still run. ``OUT/summary.json`` lists every case's status and wall ti
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 import traceback
@@ -20,7 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, SkipCase
+from pipetrain.bench.case import BenchContext, BenchResult, Draw, SkipCase
+from pipetrain.bench.drawings import draw_record, merge_plots
 from pipetrain.bench.harness.output import dump_json
 from pipetrain.bench.registry import check_names, import_failure, load_case, skip_reason
 from pipetrain.bench.run_info import load_average, run_metadata
@@ -92,6 +96,20 @@ def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
             "data": result.data}
 
 
+def _drawn(draw: Draw, outcome: dict[str, Any], context: BenchContext) -> dict[str, Any]:
+    """Draw a run's pictures from its tables and data as the result file will hold them
+    (one JSON round trip, as :mod:`pipetrain.bench.redraw` reads them), after its wall
+    and CPU time are taken: the record's ``plots`` with them, or the drawing's error (the
+    run's figures are kept)."""
+    recorded = json.loads(dump_json({"tables": outcome["tables"], "data": outcome["data"]}))
+    try:
+        drawn = draw_record(draw, recorded, context.out)
+    except Exception as error:  # a picture lost, not the measurements
+        context.progress(f"drawing failed: {_reason(error)}")
+        return {"draw_error": _reason(error)}
+    return {"plots": merge_plots(outcome["plots"], drawn)}
+
+
 def run_case(name: str, *, quick: bool, out: Path, command: str,
              progress: Callable[[str], None]) -> dict[str, Any]:
     """Run one case and write ``out/<name>.json``; the record written.
@@ -111,6 +129,9 @@ def run_case(name: str, *, quick: bool, out: Path, command: str,
                               "cpu_s": round(_cpu_seconds() - cpu, 3),
                               "tables": [], "plots": [], "data": {}, **outcome,
                               "metadata": metadata}
+    draw = load_case(name).draw if record["status"] == "ok" else None
+    if draw is not None:
+        record.update(_drawn(draw, record, context))
     write_json(out / f"{name}.json", record)
     return record
 

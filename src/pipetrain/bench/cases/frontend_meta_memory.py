@@ -30,15 +30,17 @@ import resource
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table, number
 from pipetrain.launch import run_processes
 
-__all__ = ["CASE", "Options", "run", "worker"]
+__all__ = ["CASE", "Options", "draw", "run", "worker"]
 
 _MIB = 2**20
 
@@ -176,6 +178,28 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=[_table(results, args)], data=results)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """Each rank's peak RSS (after the first step and after the last) against the cap
+    (the whole model's weights and gradients): one PNG.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['frontend_meta_memory_peaks.png']
+    """
+    table = find_table(tables, "peaks")
+    if table is None:
+        return []
+    peaks = [c for c in table.columns if c.startswith("peak RSS after")]
+    cap = number(data.get("cap_bytes"))
+    return bars(out / "frontend_meta_memory_peaks.png", table, ["weights", "rank"],
+                {name.removesuffix(" MiB"): name for name in peaks}, form="{}, rank {}",
+                title="Meta-device GPT-2 over 4 processes: peak RSS per rank vs the "
+                      "one-process cap", ylabel="MiB",
+                reference=None if cap is None else cap / _MIB,
+                reference_label=None if cap is None else f"cap, {cap / _MIB:.0f} MiB")
+
+
 CASE = Case(name="frontend_meta_memory",
             title="A meta-device GPT-2 over 4 processes, each under the one-process cap",
-            run=run, quick_seconds=25, full_seconds=240, needs=("transformers", "safetensors"))
+            run=run, draw=draw, quick_seconds=25, full_seconds=240,
+            needs=("transformers", "safetensors"))

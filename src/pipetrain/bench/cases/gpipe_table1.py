@@ -17,13 +17,15 @@ import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
 from pipetrain.bench.cases._gpipe_memory import Workload, fresh_search, search_worker
+from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.harness import run_job
 
-__all__ = ["CASE", "PAPER", "RUNNERS", "Runner", "paper_rows", "run"]
+__all__ = ["CASE", "PAPER", "RUNNERS", "Runner", "draw", "paper_rows", "run"]
 
 PAPER: dict[str, tuple[float, float]] = {
     "naive-1": (282.2e6, 82e6),
@@ -307,7 +309,22 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=_tables(found, sizes, params, method=method), data=data)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """The largest model per configuration over naive-1's, pipetrain's GPT beside the
+    paper's Transformer-L and AmoebaNet-D: one PNG.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['gpipe_table1_sizes.png']
+    """
+    return bars(out / "gpipe_table1_sizes.png", find_table(tables, "sizes"), "configuration",
+                {"pipetrain (GPT)": "x naive-1", "paper (Transformer-L)": "paper x naive-1",
+                 "paper (AmoebaNet-D)": "paper x naive-1 (AmoebaNet)"},
+                title="GPipe Table 1: the largest model per configuration, over naive-1's",
+                ylabel="x naive-1", reference=1.0)
+
+
 CASE = Case(name="gpipe_table1",
             title="GPipe Table 1: largest GPT under a memory cap, naive vs re-materialization "
                   "vs K workers",
-            run=run, quick_seconds=25, full_seconds=240)
+            run=run, draw=draw, quick_seconds=25, full_seconds=240)

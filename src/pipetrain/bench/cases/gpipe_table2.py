@@ -14,7 +14,9 @@ micro-batch size, balanced into K stages (see :mod:`._gpipe_throughput`).
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
@@ -24,9 +26,12 @@ from pipetrain.bench.cases._gpipe_throughput import (
     simulated_throughput,
     throughput_worker,
 )
+from pipetrain.bench.drawings import find_table, numbers, texts
 from pipetrain.bench.harness import median, quartiles, run_job
+from pipetrain.bench.plots import line_chart
 
-__all__ = ["CASE", "KS", "MS", "PAPER", "normalized_table", "run", "uniform_bound"]
+__all__ = ["CASE", "KS", "MS", "PAPER", "draw", "normalized_table", "run", "throughput_lines",
+           "uniform_bound"]
 
 KS = (2, 4, 8)
 MS = (1, 4, 32)
@@ -198,6 +203,66 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=[table], data=data)
 
 
+_SOURCES = {"measured": "pipetrain measured", "simulated": "pipetrain simulated",
+            "paper": "paper"}
+"""A line's source -> the table's column."""
+
+
+def throughput_lines(table: Table, model: str) -> tuple[list[float], dict[str, list[float | None]]]:
+    """Model ``model``'s normalized throughput over M (sorted), one line per K and source
+    (``"K=2 measured"``, ``"K=4 simulated"``, ``"K=4 paper"``...; lines without a figure
+    left out).
+
+    Example:
+        >>> table = Table(title="t", columns=["model", "K", "M", *_SOURCES.values()],
+        ...               rows=[["GPT", 2, 1, 1.0, 1.0, 1.0], ["GPT", 2, 4, 0.9, 0.8, 1.7]])
+        >>> throughput_lines(table, "GPT")[1]["K=2 paper"]
+        [1.0, 1.7]
+    """
+    models, ks, ms = texts(table, "model"), numbers(table, "K"), numbers(table, "M")
+    rows = [i for i, name in enumerate(models) if name == model]
+    x = sorted({m for i in rows if (m := ms[i]) is not None})
+    lines: dict[str, list[float | None]] = {}
+    for k in sorted({k for i in rows if (k := ks[i]) is not None}):
+        for source, column in _SOURCES.items():
+            figures = numbers(table, column)
+            by_m = {ms[i]: figures[i] for i in rows if ks[i] == k}
+            line = [by_m.get(m) for m in x]
+            if any(v is not None for v in line):
+                lines[f"K={k:g} {source}"] = line
+    return x, lines
+
+
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """Per model, the throughput over K = 2, M = 1 against M for each K: measured
+    (K = 2), simulated and the paper's (one color per K, one line style per source); one
+    PNG per model.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['gpipe_table2_gpt.png', 'gpipe_table2_resnet.png']
+    """
+    table = find_table(tables, "throughput")
+    if table is None:
+        return []
+    names: list[str] = []
+    for model in dict.fromkeys(texts(table, "model")):
+        x, lines = throughput_lines(table, model)
+        if not lines:
+            continue
+        ks = list(dict.fromkeys(name.split()[0] for name in lines))
+        dash = {"measured": "-", "simulated": "--", "paper": ":"}
+        styles = {name: {"color": f"C{ks.index(name.split()[0])}",
+                         "linestyle": dash[name.split()[1]]} for name in lines}
+        slug = re.sub(r"[^a-z0-9]+", "_", model.lower()).strip("_")
+        names.append(line_chart(out / f"gpipe_table2_{slug}.png", x=x, series=lines,
+                                styles=styles, log_x=True, xlabel="micro-batches M",
+                                ylabel="throughput / (K=2, M=1)",
+                                title=f"GPipe Table 2, {model}: normalized throughput vs M "
+                                      "(measured at K=2, simulated, the paper's)"))
+    return names
+
+
 CASE = Case(name="gpipe_table2",
             title="GPipe Table 2: throughput vs partitions K and micro-batches M (GPT, ResNet)",
-            run=run, quick_seconds=25, full_seconds=80)
+            run=run, draw=draw, quick_seconds=25, full_seconds=80)

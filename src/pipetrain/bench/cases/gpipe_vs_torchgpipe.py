@@ -20,12 +20,14 @@ method: :mod:`pipetrain.bench.gpipe_runs`). Full size:
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table, texts
 from pipetrain.bench.gpipe_runs import MODES, NAMES, Setting, run_mode
 
-__all__ = ["CASE", "MEMORY_SETTINGS", "OPTION_SETS", "TIME_SETTING", "run"]
+__all__ = ["CASE", "MEMORY_SETTINGS", "OPTION_SETS", "TIME_SETTING", "draw", "run"]
 
 TIME_SETTING = Setting(repetitions=90)
 """The default setting of the timing: the reference MLP."""
@@ -125,6 +127,31 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=[_time_table(timed), _memory_table(memory)], data=data)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """pipetrain's throughput over torchgpipe's and the plain model's per option set, and
+    the peak memory of the three per checkpoint mode, one PNG per model.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['gpipe_vs_torchgpipe_time.png', ...]
+    """
+    names = bars(out / "gpipe_vs_torchgpipe_time.png", find_table(tables, "time"),
+                 "pipetrain options",
+                 {"pipetrain / torchgpipe": "pipetrain / torchgpipe throughput",
+                  "pipetrain / plain": "pipetrain / plain throughput"},
+                 title="GPipe step: pipetrain's throughput over torchgpipe's and the plain "
+                       "model's, per option set", ylabel="throughput ratio", reference=1.0)
+    memory = find_table(tables, "memory")
+    models = list(dict.fromkeys(texts(memory, "model"))) if memory is not None else []
+    for k, model in enumerate(models, 1):
+        names += bars(out / f"gpipe_vs_torchgpipe_memory_{k}.png", memory, "checkpoint",
+                      {f"{name} MiB": f"{name} MiB" for name in ("pipetrain", "torchgpipe",
+                                                                 "plain")},
+                      where={"model": model},
+                      title=f"GPipe peak memory per checkpoint mode: {model}", ylabel="MiB")
+    return names
+
+
 CASE = Case(name="gpipe_vs_torchgpipe",
             title="GPipe vs torchgpipe 0.0.7 vs plain nn.Sequential: step time and peak memory",
-            run=run, quick_seconds=15, full_seconds=240, needs=("torchgpipe",))
+            run=run, draw=draw, quick_seconds=15, full_seconds=240, needs=("torchgpipe",))

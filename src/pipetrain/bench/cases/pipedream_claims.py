@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
@@ -49,10 +50,11 @@ from pipetrain.bench.cases.pipedream_traffic import (
     load_profile,
     plan_traffic,
 )
+from pipetrain.bench.drawings import bars, find_table, number
 from pipetrain.bench.netns import LinkUnavailable
 from pipetrain.plan import Plan, PlannerConfig, Profile, Topology, make_plan
 
-__all__ = ["CASE", "QUICK_ROWS", "cluster_topology", "plan_row", "run"]
+__all__ = ["CASE", "QUICK_ROWS", "cluster_topology", "draw", "plan_row", "run"]
 
 QUICK_ROWS = (("VGG-16", "4x4 (A)"), ("VGG-16", "2x8 (B)"), ("AlexNet", "4x4 (A)"),
               ("AlexNet", "2x8 (B)"), ("ResNet-50", "4x4 (A)"), ("GNMT-8", "1x4 (A)"))
@@ -273,6 +275,43 @@ def run(context: BenchContext) -> BenchResult:
                                             "link": link_data, "claims": claims})
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """The communication PipeDream's plans save over data parallelism per model and
+    cluster against the paper's "up to 95%", the planner's predicted speed-ups beside the
+    paper's measured ones, and the step over a slow link measured and predicted (full
+    runs only): three PNGs.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['pipedream_claims_communication.png', ...]
+    """
+    claim = number((data.get("claims") or {}).get("communication", {}).get("value"))
+    names = bars(out / "pipedream_claims_communication.png",
+                 find_table(tables, "Bytes sent per sample"), ["model", "servers x GPUs (cluster)"],
+                 {"all bytes": "less than data parallel",
+                  "between servers": "less between servers"}, form="{} {}",
+                 title="Bytes per sample PipeDream's plan sends less than data parallelism "
+                       "(below 0: more)", ylabel="% less than data parallelism", floor=-100.0,
+                 reference=None if claim is None else 100 * claim,
+                 reference_label=None if claim is None else f"paper: up to {100 * claim:.0f}%")
+    names += bars(out / "pipedream_claims_speedup.png",
+                  find_table(tables, "PipeDream vs data parallelism"),
+                  ["model", "servers x GPUs (cluster)"],
+                  {"paper, per epoch (measured)": "paper speedup (epoch)",
+                   "paper, to accuracy (measured)": "paper speedup (TTA)",
+                   "pipetrain's planner (predicted)": "predicted speedup"}, form="{} {}",
+                  title="PipeDream's speed-up over data parallelism: the paper's measured, "
+                        "the planner's predicted", ylabel="speed-up", reference=1.0)
+    names += bars(out / "pipedream_claims_link.png",
+                  find_table(tables, "A 2-stage pipeline vs data parallelism"), "runner",
+                  {"measured (median)": "measured step (median)",
+                   "predicted, pipetrain's model": "predicted (pipetrain model)",
+                   "predicted, PipeDream's model": "predicted (PipeDream model)"}, log=True,
+                  title="A 2-stage pipeline vs data parallelism over a slow link: step "
+                        "measured and predicted", ylabel="ms per step (log)")
+    return names
+
+
 CASE = Case(name="pipedream_claims",
             title="PipeDream's claims: communication and speedup over data parallelism",
-            run=run, quick_seconds=8, full_seconds=120)
+            run=run, draw=draw, quick_seconds=8, full_seconds=120)

@@ -37,12 +37,15 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table, series
 from pipetrain.bench.harness import median, run_job
 
-__all__ = ["CASE", "GOAL_ERROR", "GOAL_SPEEDUP", "Options", "analyse", "run", "worker"]
+__all__ = ["CASE", "GOAL_ERROR", "GOAL_SPEEDUP", "Options", "analyse", "draw", "run",
+           "worker"]
 
 GOAL_SPEEDUP = 1.3
 """The plan against the even split."""
@@ -325,5 +328,29 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=_tables(result, opts), data=result)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """The step of the plan and of the even split, measured, predicted by the planner and
+    simulated on the measured costs, with the plan's speed-up (measured and predicted) in
+    the title: one PNG.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['planner_plan_vs_even.png']
+    """
+    table = find_table(tables, "plan_vs_even")
+    if table is None:
+        return []
+    speedup = series(table, "layout", {"measured": "measured ms", "predicted": "predicted ms"},
+                     where={"layout": "speedup of the plan"})[1]
+    shown = [f"{name} {values[0]:.2f}x" for name, values in speedup.items()
+             if values and values[0] is not None]
+    return bars(out / "planner_plan_vs_even.png", table, "layout",
+                {"measured": "measured ms", "predicted": "predicted ms",
+                 "simulated on measured costs": "simulated on measured costs ms"},
+                where={"layout": ("plan", "even")}, ylabel="ms per step",
+                title="The planner's plan vs the even split: step time"
+                      + (f" (speed-up of the plan: {', '.join(shown)})" if shown else ""))
+
+
 CASE = Case(name="planner", title="The planner's plan vs the even split, and its predicted step",
-            run=run, quick_seconds=20, full_seconds=90)
+            run=run, draw=draw, quick_seconds=20, full_seconds=90)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, SkipCase, Table
+from pipetrain.bench.drawings import bars, find_table
 from pipetrain.plan.costs import LevelContext
 from pipetrain.plan.costs_pipedream import PipeDreamCostModel
 from pipetrain.plan.graph import CutGraph
@@ -37,7 +38,7 @@ from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch
 from pipetrain.plan.topology import Topology
 
-__all__ = ["CASE", "CHECKOUT_ENV", "CLUSTERS", "MODELS", "Cluster", "describe",
+__all__ = ["CASE", "CHECKOUT_ENV", "CLUSTERS", "MODELS", "Cluster", "describe", "draw",
            "pipedream_flat_time", "run", "run_pipedream"]
 
 MODELS = ("alexnet", "vgg16", "resnet50", "gnmt")
@@ -227,6 +228,22 @@ def run(context: BenchContext) -> BenchResult:
                                              "pipedream_checkout": checkout, "rows": rows})
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """pipetrain's predicted step over PipeDream's per model and cluster (both on
+    PipeDream's cost model; at most 1: never worse): one PNG, none when PipeDream's
+    optimizer was not run (no ratio in the table).
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['planner_vs_pipedream_ratio.png'] or []
+    """
+    return bars(out / "planner_vs_pipedream_ratio.png", find_table(tables, "plans"),
+                ["model", "cluster"], {"pipetrain / PipeDream": "pipetrain / PipeDream"},
+                form="{} {}", title="pipetrain's planner over PipeDream's optimizer: "
+                "predicted step per model and cluster (at most 1: never worse)",
+                ylabel="predicted step ratio", reference=1.0)
+
+
 CASE = Case(name="planner_vs_pipedream",
             title="The planner vs PipeDream's optimizer on PipeDream's profiles",
-            run=run, quick_seconds=8, full_seconds=60)
+            run=run, draw=draw, quick_seconds=8, full_seconds=60)

@@ -18,16 +18,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, Case
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, profile_balance
 from pipetrain.bench.cases.torchgpipe_paper_runs import Runners, Setting
 from pipetrain.bench.cases.torchgpipe_paper_tables import measured_tables
+from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.gpipe_runs import MODES
 from pipetrain.bench.harness import median, quartiles
 
-__all__ = ["CASE", "FULL", "MODES", "QUICK", "Plan", "measure", "run", "settings"]
+__all__ = ["CASE", "FULL", "MODES", "QUICK", "Plan", "draw", "measure", "run", "settings"]
 
 _TIMEOUT_S = 300.0
 
@@ -163,7 +165,40 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=measured_tables(records, workloads), data=data)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """The speed-ups of AmoebaNet-D and U-Net, the paper's beside this machine's
+    (torchgpipe and pipetrain), and the peak memory of each model per setting and
+    checkpoint mode: four PNGs.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['torchgpipe_paper_amoebanet_speedup.png', ...]
+    """
+    here = {"here: torchgpipe": "here: torchgpipe", "here: pipetrain": "here: pipetrain"}
+    names = bars(out / "torchgpipe_paper_amoebanet_speedup.png",
+                 find_table(tables, "amoebanet_vs_paper"),
+                 ["partitions n", "micro-batches m"],
+                 {"paper: torchgpipe (P40s)": "paper: torchgpipe (P40s)",
+                  "paper: Huang et al. (TPUs)": "paper: Huang et al. (TPUs)", **here},
+                 form="n={}, m={}", title="AmoebaNet-D speed-up over n=2, m=1: the paper's "
+                 "and this machine's", ylabel="speed-up", reference=1.0)
+    names += bars(out / "torchgpipe_paper_unet_speedup.png",
+                  find_table(tables, "unet_vs_paper"), "experiment",
+                  {"paper: torchgpipe (P40s)": "paper: torchgpipe (P40s)", **here},
+                  title="U-Net speed-up over the plain model: the paper's and this "
+                        "machine's (micro-batches as in the table)",
+                  ylabel="speed-up", reference=1.0)
+    for model, label in (("amoebanet", "AmoebaNet-D"), ("unet", "U-Net")):
+        names += bars(out / f"torchgpipe_paper_{model}_memory.png",
+                      find_table(tables, f"{model}_memory"),
+                      ["partitions K", "chunks m", "checkpoint"],
+                      {f"{name} MiB": f"{name} MiB" for name in ("pipetrain", "torchgpipe",
+                                                                 "plain")},
+                      form="K={}, m={}, {}", title=f"{label} peak memory per setting and "
+                      "checkpoint mode", ylabel="MiB")
+    return names
+
 CASE = Case(name="torchgpipe_paper",
             title="torchgpipe paper: AmoebaNet-D and U-Net, pipetrain.GPipe vs torchgpipe "
                   "0.0.7 per checkpoint mode",
-            run=run, quick_seconds=25, full_seconds=420, needs=("torchgpipe",))
+            run=run, draw=draw, quick_seconds=25, full_seconds=420, needs=("torchgpipe",))

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.harness import median, run_job
 
-__all__ = ["CASE", "VARIANTS", "WIDTH", "Sizes", "round_trip_job", "run"]
+__all__ = ["CASE", "VARIANTS", "WIDTH", "Sizes", "draw", "round_trip_job", "run"]
 
 VARIANTS = ("raw", "inline", "inline+thread", "apart", "apart+thread")
 WIDTH = 1024
@@ -152,5 +154,18 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=[table], data={"sizes": asdict(sizes), "round_trip_s": results})
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """Each transport path's round trip over raw isend/irecv's, per message size: one PNG.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['transport_round_trip.png']
+    """
+    return bars(out / "transport_round_trip.png", find_table(tables, "round_trip"), "message",
+                {v: f"{v} / raw" for v in VARIANTS[1:]},
+                title="Round trip between 2 ranks: each transport path over raw "
+                      "isend/irecv (above 1: slower)", ylabel="ratio to raw", reference=1.0)
+
+
 CASE = Case(name="transport", title="Point-to-point transport vs raw isend/irecv",
-            run=run, quick_seconds=12, full_seconds=60)
+            run=run, draw=draw, quick_seconds=12, full_seconds=60)

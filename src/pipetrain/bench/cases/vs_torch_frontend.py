@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.harness import (
     foreign_load,
     gather_objects,
@@ -41,7 +43,7 @@ from pipetrain.bench.harness import (
     step_times,
 )
 
-__all__ = ["CASE", "Options", "run", "worker"]
+__all__ = ["CASE", "Options", "draw", "run", "worker"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +223,18 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=[table], data=result)
 
 
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """The median training step of pipetrain's frontend and of torch's pipeline(): one PNG.
+
+    Example::
+
+        draw(tables, data, Path("results"))  # ['vs_torch_frontend_step.png']
+    """
+    return bars(out / "vs_torch_frontend_step.png", find_table(tables, "frontend"),
+                "framework", {"median step": "median step ms"},
+                title="HF GPT-2 on 2 stages, 1F1B: median training step", ylabel="ms")
+
+
 CASE = Case(name="vs_torch_frontend",
             title="Any nn.Module: Pipeline(model) vs torch's pipeline() on HF GPT-2",
-            run=run, quick_seconds=20, full_seconds=60, needs=("transformers",))
+            run=run, draw=draw, quick_seconds=20, full_seconds=60, needs=("transformers",))

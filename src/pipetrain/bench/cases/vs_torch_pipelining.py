@@ -40,9 +40,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.drawings import bars, find_table, numbers, quotient
 from pipetrain.bench.harness import run_job
 from pipetrain.bench.vs_torch.gpt_speedup import analyse_gpt, gpt_worker
 from pipetrain.bench.vs_torch.mlp import analyse_mlp, mlp_worker
@@ -50,7 +52,7 @@ from pipetrain.bench.vs_torch.options import Options
 from pipetrain.bench.vs_torch.tables import goals, gpt_table, mlp_tables, transformer_tables
 from pipetrain.bench.vs_torch.transformer import analyse_transformer, transformer_worker
 
-__all__ = ["CASE", "FULL", "QUICK", "run"]
+__all__ = ["CASE", "FULL", "QUICK", "draw", "run"]
 
 FULL = Options()
 QUICK = replace(FULL, reps=3, warmup=1, width=256, batch=32, isolated_repeats=8,
@@ -79,7 +81,33 @@ def run(context: BenchContext) -> BenchResult:
     return BenchResult(tables=tables, data=output)
 
 
+_RATIO = "pipetrain / torch throughput"
+_BOUND = "bound: torch's step / pipetrain's ideal step"
+
+
+def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
+    """Per schedule, pipetrain's throughput over torch's with its bound (torch's step
+    over pipetrain's ideal one), for the MLP and the compute-bound GPT: one PNG each.
+
+    Example::
+
+        draw(tables, data, Path("bench-results/full"))  # ['vs_torch_pipelining_mlp.png', ...]
+    """
+    mlp, transformer = find_table(tables, "mlp"), find_table(tables, "transformer")
+    names = bars(out / "vs_torch_pipelining_mlp.png", mlp, "schedule",
+                 {_RATIO: "pipetrain / torch throughput", _BOUND: "bound"},
+                 title="Memory-bound MLP: pipetrain / torch.distributed.pipelining "
+                       "throughput per schedule", ylabel="ratio", reference=1.0)
+    if transformer is not None:
+        bound = quotient(numbers(transformer, "torch ms"), numbers(transformer, "ideal ms"))
+        names += bars(out / "vs_torch_pipelining_transformer.png", transformer, "schedule",
+                      {_RATIO: "pipetrain / torch throughput", _BOUND: bound},
+                      title="Compute-bound GPT: pipetrain / torch.distributed.pipelining "
+                            "throughput per schedule", ylabel="ratio", reference=1.0)
+    return names
+
+
 CASE = Case(name="vs_torch_pipelining",
             title="Pipeline vs torch.distributed.pipelining: every schedule, memory- and "
                   "compute-bound models",
-            run=run, quick_seconds=30, full_seconds=420)
+            run=run, draw=draw, quick_seconds=30, full_seconds=420)
