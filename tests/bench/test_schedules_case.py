@@ -161,5 +161,7 @@ def test_the_whole_case_at_quick_size(tmp_path: Path) -> None:
     assert {row[2] for row in table.rows} == EVERY
     measured = [row for row in table.rows if row[1] == 2]
     assert len(measured) == len(EVERY) and all(row[3] and row[3] > 0 for row in measured)
-    assert result.plots == ["schedules_mlp.png"]
+    case = load_case("schedules")
+    assert case.draw is not None
+    assert case.draw(result.tables, result.data, tmp_path) == ["schedules_mlp.png"]
     assert (tmp_path / "schedules_mlp.png").stat().st_size > 0

@@ -353,4 +353,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 
 CASE = Case(name="planner", title="The planner's plan vs the even split, and its predicted step",
-            run=run, draw=draw, quick_seconds=20, full_seconds=90)
+            run=run, draw=draw, quick_seconds=10, full_seconds=40)
