@@ -140,7 +140,6 @@ def test_published_profiles_load_at_the_batch_their_sizes_say() -> None:
             assert "131072.0" in text and 131072 == 1 * batch * 1024 * 4
         else:
             assert _image_batch(text) == batch
-    assert (folder / "SOURCE.md").is_file()
 
 
 def test_link_predictions_equal_hand_computations() -> None:

@@ -166,12 +166,19 @@ def test_the_docs_generator_fills_the_marked_blocks_of_a_copy_of_the_doc(tmp_pat
     assert ("*Generated from `pipetrain bench transport`, run 2026-11-28T10:00:00+00:00 (61 s): "
             "AMD EPYC, 2 cores, 24 GiB, load average 0.1 before and 1.2 after; Python 3.11.7, "
             "torch 2.13.0, pipetrain 0.1.0, torchgpipe 0.0.7.*") in block
-    outside = text.replace(block, "")
-    assert outside == original.replace(
-        original.split("<!-- bench:transport:begin -->")[1].split(
-            "<!-- bench:transport:end -->")[0], "")
-    again, done = docs.regenerate(text, {"transport": _RECORD})
-    assert again == text and done == ["transport"]  # regenerating is idempotent
+    pictures = text.split("<!-- bench:transport/plots:begin -->")[1].split(
+        "<!-- bench:transport/plots:end -->")[0]
+    assert "drew no picture" in pictures  # the record lists none
+    def emptied(doc_text: str) -> str:  # the transport blocks' contents taken out
+        for target in ("transport", "transport/plots"):
+            begin, end = f"<!-- bench:{target}:begin -->", f"<!-- bench:{target}:end -->"
+            head, rest = doc_text.split(begin)
+            doc_text = head + begin + end + rest.split(end, 1)[1]
+        return doc_text
+
+    assert emptied(text) == emptied(original)  # nothing else changed
+    again, done = docs.regenerate(text, {"transport": _RECORD}, pictures="results")
+    assert again == text and done == ["transport", "transport/plots"]  # idempotent
 
 
 def test_the_docs_generator_takes_one_table_by_key_and_reports_mistakes() -> None:
