@@ -38,7 +38,7 @@ def test_the_declared_quick_durations_fit_the_five_minute_budget() -> None:
 def test_quick_sizes_keep_every_schedule_and_runner() -> None:
     assert vs_torch_pipelining.QUICK.schedules == SCHEDULES == vs_torch_pipelining.FULL.schedules
     assert vs_torch_pipelining.QUICK.tf_schedules == ("gpipe", "1f1b")
-    assert async_convergence.QUICK.runners == ("1f1b", "pipedream", "2bw")
+    assert async_convergence.QUICK.runners == ("1f1b", "1f1b-untied", "pipedream", "2bw")
     assert async_convergence.QUICK.steps < async_convergence.FULL.steps
     assert transport.QUICK.rows == transport.FULL.rows
     assert frontend_meta_memory.FULL.runs == ("init", "safetensors")
