@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers.async_jobs import DEPTH, WIDTH, batches, stage_of_layers
+from helpers.async_jobs import DEPTH, WIDTH, batches, reference_model, stage_of_layers
 from helpers.distributed import run_workers
 
 pytestmark = pytest.mark.distributed
@@ -80,17 +80,6 @@ def adamw_job(ctx: Any, schedules: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 # -- the single-process references ----------------------------------------------------------
-def _model() -> nn.Sequential:
-    from pipetrain.models import build_mlp
-
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # drawn in float64, as the workers draw them
-    try:
-        return build_mlp(width=WIDTH, depth=DEPTH, activation="gelu", seed=0)
-    finally:
-        torch.set_default_dtype(before)
-
-
 def _snapshot(model: nn.Module) -> Params:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
@@ -119,7 +108,7 @@ def reference(rule: str, *, delay: bool = True, stash: bool = True, per_update: 
     process; the switches break it: ``delay=False`` 2BW without its one-step delay,
     ``stash=False`` PipeDream on the current weights, ``per_update`` the schedule stepped
     after every update, ``late`` the schedule stepped before the step's update."""
-    model = _model()
+    model = reference_model()
     stages = stage_of_layers(K)
     optimizer = _adamw(model.parameters())
     scheduler = _lr_schedule(optimizer)

@@ -37,7 +37,8 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=0.9)
 
 
-def _model() -> nn.Sequential:
+def reference_model() -> nn.Sequential:
+    """The workers' MLP in one process, its weights drawn in float64 as theirs are."""
     from pipetrain.models import build_mlp
 
     before = torch.get_default_dtype()
@@ -79,7 +80,7 @@ def _checksums(history: list[Params], stages: list[int]) -> dict[int, list[float
 def pipedream_reference(num_stages: int, *, vertical_sync: bool, steps: int, batch: int,
                         microbatches: int) -> dict[str, Any]:
     """PipeDream's weight stashing in one process (see the module doc)."""
-    model = _model()
+    model = reference_model()
     stages = stage_of_layers(num_stages)
     opt = sgd(model.parameters())
     history = [_named(model)]
@@ -108,7 +109,7 @@ def pipedream_reference(num_stages: int, *, vertical_sync: bool, steps: int, bat
 def two_bw_reference(num_stages: int, *, steps: int, batch: int | list[int],
                      microbatches: int) -> dict[str, Any]:
     """The 2BW rule in one process: W(t+1) = W(t) - lr * grad(W(max(t - 1, 0)))."""
-    model = _model()
+    model = reference_model()
     opt = sgd(model.parameters())
     previous = _named(model)
     history = [previous]
