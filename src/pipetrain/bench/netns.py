@@ -1,7 +1,9 @@
 """Two hosts on one machine joined by a link of chosen bandwidth: network namespaces, a veth pair, tc.
 
-Each host is a network namespace with its own hostname and hosts file; the two reach
-each other only over a veth pair, whose two ends can be shaped with a token bucket
+Each host is a network namespace with its own hostname and hosts file (its own name
+mapped to its link address, or with ``loopback_hostname`` to 127.0.1.1, the common VM and
+container default that breaks gloo across hosts); the two reach each other only over a
+veth pair, whose two ends can be shaped with a token bucket
 (``tc qdisc add dev IFACE root tbf rate 100mbit burst 32kbit latency 50ms``, one per
 direction). Needs Linux, root, iproute2 (``ip``, ``tc``) and util-linux (``unshare``,
 ``hostname``); :func:`shaped_link` raises :class:`LinkUnavailable` with the reason where
@@ -74,11 +76,12 @@ class ShapedLink:
     """Host ``a`` and host ``b`` and the link between them; :meth:`popen` starts a
     process on one of them."""
 
-    def __init__(self, *, rate_mbit: float | None) -> None:
+    def __init__(self, *, rate_mbit: float | None, loopback_hostname: bool = False) -> None:
         if rate_mbit is not None and not rate_mbit > 0:
             raise ValueError(f"rate_mbit={rate_mbit!r} must be a number > 0 (or None: unshaped)")
         tag = uuid.uuid4().hex[:6]
         self.rate_mbit = rate_mbit
+        self.loopback_hostname = loopback_hostname
         self.a = Host(f"pipetrain-{tag}-a", f"node-{tag}-a", f"{_SUBNET}.1", f"pl{tag}a")
         self.b = Host(f"pipetrain-{tag}-b", f"node-{tag}-b", f"{_SUBNET}.2", f"pl{tag}b")
         self._made: list[str] = []
@@ -107,7 +110,8 @@ class ShapedLink:
             etc = os.path.join(_NETNS_ETC, host.netns)
             os.makedirs(etc, exist_ok=True)
             with open(os.path.join(etc, "hosts"), "w") as f:
-                f.write(f"127.0.0.1 localhost\n{host.address} {host.name}\n"
+                own = "127.0.1.1" if self.loopback_hostname else host.address
+                f.write(f"127.0.0.1 localhost\n{own} {host.name}\n"
                         f"{other.address} {other.name}\n")
             with open(os.path.join(etc, "resolv.conf"), "w") as f:  # no DNS: fail at once
                 f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
@@ -147,9 +151,11 @@ class ShapedLink:
 
 
 @contextlib.contextmanager
-def shaped_link(*, rate_mbit: float | None) -> Iterator[ShapedLink]:
+def shaped_link(*, rate_mbit: float | None,
+                loopback_hostname: bool = False) -> Iterator[ShapedLink]:
     """Make two hosts joined by a link of ``rate_mbit`` megabits per second each way
-    (None: unshaped), and remove them afterwards, whatever happens.
+    (None: unshaped), and remove them afterwards, whatever happens. With
+    ``loopback_hostname`` each host's own name resolves to 127.0.1.1 (see above).
 
     Raises:
         LinkUnavailable: not Linux, not root, a tool missing, or the kernel refused
@@ -158,7 +164,7 @@ def shaped_link(*, rate_mbit: float | None) -> Iterator[ShapedLink]:
     reason = link_unavailable_reason()
     if reason is not None:
         raise LinkUnavailable(reason)
-    link = ShapedLink(rate_mbit=rate_mbit)
+    link = ShapedLink(rate_mbit=rate_mbit, loopback_hostname=loopback_hostname)
     try:
         try:
             link.create()
