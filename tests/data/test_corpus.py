@@ -1,4 +1,4 @@
-"""Tests of pipetrain.data.corpus: the default corpus and user files."""
+"""Tests of pipetrain.data.corpus: the default corpus and user files (whole, however large)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,20 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
-from pipetrain.data.corpus import DEFAULT_MAX_BYTES, load_corpus, stdlib_source_files
+from pipetrain.data import TextDataset
+from pipetrain.data.corpus import (
+    DEFAULT_CORPUS_BYTES,
+    corpus_size,
+    corpus_tokens,
+    describe_corpus,
+    load_corpus,
+    stdlib_source_files,
+)
+
+OLD_CAP = 4 * 2**20
+"""The size at which a --data file used to be cut without a word."""
 
 
 def test_stdlib_files_are_sorted_and_skip_tests_and_packages() -> None:
@@ -30,10 +42,60 @@ def test_default_corpus_is_the_stdlib_source_in_order() -> None:
     assert load_corpus(max_bytes=50_000) == corpus[:50_000]  # a prefix
 
 
-def test_default_size_is_a_few_megabytes() -> None:
+def test_default_corpus_is_its_first_4_mib_every_time() -> None:
     corpus = load_corpus()
-    assert len(corpus) == DEFAULT_MAX_BYTES == 4 * 2**20
+    assert len(corpus) == DEFAULT_CORPUS_BYTES == 4 * 2**20 == corpus_size()
     assert b"def " in corpus and b"import " in corpus
+    assert load_corpus(max_bytes=None) == corpus  # the default corpus has its own size
+    assert load_corpus(max_bytes=10 * DEFAULT_CORPUS_BYTES) == corpus
+    tokens = corpus_tokens()
+    assert tokens.dtype == torch.uint8 and bytes(tokens.numpy()) == corpus
+    # the batches of a default run: the same in a fresh load (runs resume on them)
+    again = TextDataset(corpus_tokens(), context=64, seed=0)
+    first = TextDataset(corpus, context=64, seed=0)
+    for step in (0, 999):
+        assert torch.equal(again.batch(step, 8)[0], first.batch(step, 8)[0])
+    assert "the first 4 MiB of this Python's standard library source" in describe_corpus(
+        None, len(corpus))
+
+
+def _large_file(path: Path) -> tuple[int, int]:
+    """A text file of 5 MiB: 'a' up to the old cap, 'b' to the validation split, 'c'
+    after it (the last 5%); its training and validation sizes."""
+    size = 5 * 2**20
+    val = int(size * 0.05)
+    path.write_bytes(b"a" * OLD_CAP + b"b" * (size - val - OLD_CAP) + b"c" * val)
+    return size - val, val
+
+
+def test_a_file_larger_than_the_old_cap_is_used_whole(tmp_path: Path) -> None:
+    path = tmp_path / "big.txt"
+    num_train, num_val = _large_file(path)
+    assert len(load_corpus(path)) == path.stat().st_size == corpus_size(path) > OLD_CAP
+    tokens = corpus_tokens(path)
+    assert tokens.dtype == torch.uint8 and len(tokens) == num_train + num_val
+    assert bytes(tokens[-3:].numpy()) == b"ccc"
+    dataset = TextDataset(tokens, context=64, seed=0)
+    assert (dataset.num_train_tokens, dataset.num_val_tokens) == (num_train, num_val)
+    seen = torch.cat([torch.cat(dataset.batch(step, 64)).flatten() for step in range(20)])
+    assert seen.dtype == torch.int64
+    assert set(seen.unique().tolist()) == {ord("a"), ord("b")}  # past the old cap, never val
+    val = torch.cat([torch.cat(dataset.batch(step, 64, split="val")).flatten()
+                     for step in range(5)])
+    assert set(val.unique().tolist()) == {ord("c")}  # the last 5% of the whole file
+    assert describe_corpus(path, len(tokens)) == f"{path} (5,242,880 bytes, all of it)"
+
+
+def test_the_last_bytes_of_a_large_file_reach_training_batches(tmp_path: Path) -> None:
+    path = tmp_path / "big.txt"
+    num_train, _ = _large_file(path)
+    with path.open("r+b") as file:  # mark the training split's last 4 KiB
+        file.seek(num_train - 4096)
+        file.write(b"Z" * 4096)
+    dataset = TextDataset(corpus_tokens(path), context=16, seed=0)
+    inputs, targets = zip(*(dataset.batch(step, 4096) for step in range(20)))
+    assert bool((torch.cat(targets) == ord("Z")).any())  # about 70 windows of 82k reach it
+    assert not bool((torch.cat(inputs) == ord("c")).any())
 
 
 def test_user_file_and_max_bytes(tmp_path: Path) -> None:
@@ -59,6 +121,14 @@ def test_errors_name_the_path_and_the_fix(tmp_path: Path) -> None:
         load_corpus(tmp_path)  # only the empty file
     with pytest.raises(ValueError, match="max_bytes=0 must be a positive int"):
         load_corpus(max_bytes=0)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"text" + bytes(100))
+    for read in (load_corpus, corpus_tokens):
+        with pytest.raises(ValueError, match=r"'.*weights\.bin' does not look like text \(a NUL "
+                                             r"byte at offset 4\).*pass a text file"):
+            read(binary)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        corpus_tokens(missing)
 
 
 def test_a_folder_is_its_text_files_in_path_order(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@
 - ``FILE.py:FUNCTION`` / ``FOLDER``: a user's model (:mod:`.user_models`).
 
 Every model but ``gpt`` is captured into a graph on a batch of the run's data and cut
-into units by the frontend. The data is the corpus (``--data``, or the standard library's
-source) as bytes, or tokenized with a model folder's tokenizer.
+into units by the frontend. The data is the whole corpus (``--data``, or the standard
+library's source), a byte per token (a file memory-mapped), or tokenized with a model
+folder's tokenizer.
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ import torch
 from pipetrain.cli.hf_models import HF_MODELS, block_split_points, build_hf_model, hf_loss
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.user_models import BYTE_VOCAB, build_user_model, is_user_model, load_tokenizer
-from pipetrain.data import ByteTokenizer, TextDataset, load_corpus
+from pipetrain.data import (
+    ByteTokenizer,
+    TextDataset,
+    corpus_size,
+    corpus_tokens,
+    describe_corpus,
+    load_corpus,
+)
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss, gpt_ties
 
-__all__ = ["RunTokenizer", "pipeline_model", "profile_inputs", "run_dataset", "sample_text"]
+__all__ = ["RunTokenizer", "data_record", "pipeline_model", "profile_inputs", "run_dataset",
+           "sample_text"]
 
 
 class RunTokenizer:
@@ -56,9 +65,28 @@ class RunTokenizer:
 def run_dataset(config: RunConfig) -> tuple[TextDataset, RunTokenizer]:
     """The run's dataset (a pure function of the step) and its tokenizer."""
     tokenizer = RunTokenizer(load_tokenizer(config) if is_user_model(config.model) else None)
-    corpus = load_corpus(config.data)
-    data: bytes | torch.Tensor = corpus if tokenizer.hf is None else tokenizer.encode(corpus)
+    if tokenizer.hf is None:
+        data = corpus_tokens(config.data)
+    else:
+        data = tokenizer.encode(load_corpus(config.data))
     return TextDataset(data, context=config.context, seed=config.seed), tokenizer
+
+
+def data_record(config: RunConfig, dataset: TextDataset, tokenizer: RunTokenizer) -> dict[str, Any]:
+    """What the run trains on (its start-up line and ``config.json`` say it): the corpus,
+    its size, and the tokens of each split.
+
+    Example:
+        >>> config = RunConfig(context=16)
+        >>> record = data_record(config, *run_dataset(config))
+        >>> record["train_tokens"] + record["val_tokens"] == 4 * 2**20, record["tokens"]
+        (True, 'bytes')
+    """
+    num_tokens = dataset.num_train_tokens + dataset.num_val_tokens
+    size = num_tokens if tokenizer.hf is None else corpus_size(config.data)
+    return {"corpus": config.data, "description": describe_corpus(config.data, size),
+            "bytes": size, "tokens": "bytes" if tokenizer.hf is None else "model tokenizer",
+            "train_tokens": dataset.num_train_tokens, "val_tokens": dataset.num_val_tokens}
 
 
 def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,

@@ -96,24 +96,13 @@ def corpus_problem(args: RunConfig, *, context_fixed: bool = False) -> str | Non
         >>> print(corpus_problem(RunConfig(data=path, context=128)))  # doctest: +ELLIPSIS
         --data '...tiny.txt' has 1,000 bytes, too few for --context 128: ...; fix: --context 49 or less, or a --data file of at least 2,580 bytes
     """
-    from pipetrain.data.corpus import DEFAULT_MAX_BYTES
+    from pipetrain.data import corpus_size
 
     fraction = _val_fraction()
-    if args.data is not None and os.path.isdir(args.data):
-        from pipetrain.data import load_corpus
-
-        try:
-            size = len(load_corpus(args.data, max_bytes=DEFAULT_MAX_BYTES))
-        except (OSError, ValueError):
-            return None  # the corpus's own check names it
-    elif args.data is not None:
-        try:
-            size = os.path.getsize(args.data)
-        except OSError:
-            return None  # the corpus's own check names it
-        num_tokens = min(size, DEFAULT_MAX_BYTES)
-    else:
-        num_tokens = DEFAULT_MAX_BYTES
+    try:
+        num_tokens = corpus_size(args.data)
+    except (OSError, ValueError):
+        return None  # the corpus's own check names it
     context = args.context
     if _holds(num_tokens, context, fraction):
         return None
@@ -122,17 +111,11 @@ def corpus_problem(args: RunConfig, *, context_fixed: bool = False) -> str | Non
     fixes = []
     if longest >= 1 and not context_fixed:
         fixes.append(f"--context {longest} or less")
-    needed = _smallest_corpus(context, fraction)
-    if needed <= DEFAULT_MAX_BYTES:
-        fixes.append(f"a --data file of at least {needed:,} bytes")
-    if not fixes:
-        fixes.append("a new run with a shorter --context")
+    fixes.append(f"a --data file of at least {_smallest_corpus(context, fraction):,} bytes")
     if args.data is None:
         what = f"the default corpus gives a run {num_tokens:,} bytes"
-    elif num_tokens < DEFAULT_MAX_BYTES:
-        what = f"--data {args.data!r} has {num_tokens:,} bytes"
     else:
-        what = f"--data {args.data!r} gives a run its first {num_tokens:,} bytes"
+        what = f"--data {args.data!r} has {num_tokens:,} bytes"
     return (
         f"{what}, too few for --context {context}: training and validation (the last "
         f"{fraction:.0%} of the bytes) each need a window of context + 1 = {context + 1:,} "

@@ -24,7 +24,13 @@ from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import write_json
-from pipetrain.cli.run_model import RunTokenizer, pipeline_model, run_dataset, sample_text
+from pipetrain.cli.run_model import (
+    RunTokenizer,
+    data_record,
+    pipeline_model,
+    run_dataset,
+    sample_text,
+)
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
@@ -96,6 +102,9 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
+        data = data_record(args, dataset, tokenizer)
+        phase(f"data: {data['description']}: {data['train_tokens']:,} tokens to train on, "
+              f"the last {data['val_tokens']:,} to validate on")
         if args.balance == AUTO and args.model == "gpt":
             args = agree_on_balance(args, model_config, dataset, device=context.device)
         model, model_arguments = pipeline_model(args, model_config, dataset,
@@ -177,6 +186,7 @@ class _Run:
         write_json(os.path.join(args.folder, "config.json"),
                    {"args": options, "sources": record["sources"],
                     "command_line": record["command_line"], "model": self.model_config.__dict__,
+                    "data": data_record(args, self.dataset, self.tokenizer),
                     "world_size": dist.get_world_size()})
         self.records = RunRecords(
             args.folder, options, world_size=dist.get_world_size(), first_step=self.start + 1,

@@ -1,4 +1,4 @@
-"""Training data: the default corpus (the Python standard library's source), tokenizer, dataset.
+"""Training data: the corpus (a user's text, or the Python standard library's source), tokenizer, dataset.
 
 Example:
     >>> from pipetrain.data import TextDataset, load_corpus
@@ -9,15 +9,25 @@ Example:
 
 from __future__ import annotations
 
-from pipetrain.data.corpus import DEFAULT_MAX_BYTES, load_corpus, stdlib_source_files
+from pipetrain.data.corpus import (
+    DEFAULT_CORPUS_BYTES,
+    corpus_size,
+    corpus_tokens,
+    describe_corpus,
+    load_corpus,
+    stdlib_source_files,
+)
 from pipetrain.data.dataset import SPLITS, TextDataset
 from pipetrain.data.tokenizer import ByteTokenizer
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
+    "DEFAULT_CORPUS_BYTES",
     "SPLITS",
     "ByteTokenizer",
     "TextDataset",
+    "corpus_size",
+    "corpus_tokens",
+    "describe_corpus",
     "load_corpus",
     "stdlib_source_files",
 ]

@@ -6,7 +6,9 @@ is carried from one call to the next, so a run resumed at step ``s``, in any pro
 sees exactly the batches an uninterrupted run would have seen.
 
 The last ``val_fraction`` of the tokens is the validation split; windows never cross
-from one split into the other.
+from one split into the other. The tokens are kept as given (bytes as uint8, a tensor in
+its own integer type, a memory-mapped one still mapped); only the windows of a batch are
+copied, as int64.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class TextDataset:
     """Batches of (inputs, targets) token windows for next-token prediction.
 
     ``data`` is the corpus as bytes (each byte a token, as :class:`ByteTokenizer` does) or
-    a 1-D integer tensor of token ids.
+    a 1-D integer tensor of token ids (e.g. :func:`~pipetrain.data.corpus_tokens`).
 
     Example:
         >>> dataset = TextDataset(b"hello world, " * 100, context=8, seed=0)
@@ -116,7 +118,7 @@ class TextDataset:
         generator = torch.Generator().manual_seed(_batch_seed(self.seed, split, step))
         starts = torch.randint(0, len(tokens) - self.context, (batch_size,), generator=generator)
         rows = starts[:, None] + torch.arange(self.context + 1)  # (B, T + 1)
-        windows = tokens[rows]  # (B, T + 1)
+        windows = tokens[rows].to(torch.int64)  # (B, T + 1)
         return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()  # (B, T) each
 
     def __repr__(self) -> str:
@@ -130,14 +132,14 @@ def _as_tokens(data: bytes | Tensor) -> Tensor:
     if isinstance(data, (bytes, bytearray, memoryview)):
         if not data:
             return torch.empty(0, dtype=torch.int64)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
     if isinstance(data, Tensor):
         if data.dim() != 1 or data.dtype.is_floating_point or data.dtype.is_complex:
             raise TypeError(
                 f"TextDataset data must be bytes or a 1-D integer tensor of token ids, got a "
                 f"{data.dtype} tensor of shape {tuple(data.shape)}: pass e.g. data.flatten().long()"
             )
-        return data.to(torch.int64)
+        return data
     raise TypeError(
         f"TextDataset data must be bytes or a 1-D integer tensor, got {type(data).__name__}: "
         "pass e.g. load_corpus() or ByteTokenizer().encode(text)"
