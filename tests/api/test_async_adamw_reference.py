@@ -3,7 +3,7 @@
 The asynchronous tests of ``test_async_versions.py`` train with SGD; the benchmark and
 ``pipetrain train`` train with AdamW and a warm-up + cosine ``LambdaLR``. Here 1F1B,
 PipeDream and 2BW train a float64 MLP on 2 ranks (gloo) with ``AdamW`` and ``LambdaLR``
-(``pipetrain train``'s schedule, :func:`pipetrain.cli.train_job.lr_factor`), and a
+(``pipetrain train``'s schedule, :func:`pipetrain.api.lr_schedule.lr_factor`), and a
 reference written here in plain PyTorch, one process, applies the same rule (the rules
 of ``helpers.async_jobs``):
 
@@ -49,7 +49,7 @@ def _adamw(params: Any) -> torch.optim.Optimizer:
 
 
 def _lr_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    from pipetrain.cli.train_job import lr_factor
+    from pipetrain.api.lr_schedule import lr_factor
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(WARMUP, STEPS))
 

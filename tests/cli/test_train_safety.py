@@ -104,7 +104,7 @@ def test_a_resume_survives_a_leftover_save_and_keeps_the_run_history(tmp_path: P
     """Bugs: a half-deleted checkpoint.previous/ made every later save fail; a resume
     with --steps not above the saved step trained nothing and exited 0; metrics.json of
     a resume held only the new steps; another --lr was silently ignored."""
-    from pipetrain.cli.train_job import lr_factor
+    from pipetrain.api.lr_schedule import lr_factor
 
     out = tmp_path / "run"
     first = _train("--steps", "4", "--out", str(out))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from pipetrain.api.grad_check import NonFiniteError
+from pipetrain.api.lr_schedule import lr_factor
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.run_config import RunConfig
@@ -52,24 +52,12 @@ from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.trace import ProgressBar, measure_step
 
-__all__ = ["lr_factor", "train_worker"]
+__all__ = ["train_worker"]
 
 logger = logging.getLogger(__name__)
 
 _CLEANUP_SECONDS = 10.0
 """Seconds a worker whose peers failed gets to clean up before it ends anyway."""
-
-
-def lr_factor(warmup: int, total: int) -> Any:
-    """The LR multiplier of each step: linear warm-up, then a cosine down to 0.1."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 def train_worker(args: argparse.Namespace) -> int:

@@ -149,7 +149,7 @@ def lr_of(name: str, setting: Setting, options: Options) -> float:
 
 
 def _lr_factor(warmup: int, total: int) -> Callable[[int], float]:
-    from pipetrain.cli.train_job import lr_factor
+    from pipetrain.api.lr_schedule import lr_factor
 
     factor: Callable[[int], float] = lr_factor(warmup, total)
     return factor
