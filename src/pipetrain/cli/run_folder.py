@@ -2,21 +2,25 @@
 ``--resume`` point at, and writing the run's records so that no crash corrupts them.
 
 A run folder holds ``config.json`` (the options of its latest session), ``metrics.json``
-(the whole run's history, see ``docs/run-folder.md``), ``checkpoint/``,
-``timeline.png``, ``trace.json`` and ``sample.txt``. JSON files are written to a
-temporary name and renamed, so a reader sees the old file or the new one, never half.
+(the whole run's history, see ``docs/run-folder.md``), ``steps.jsonl`` (its steps, one
+line each), ``checkpoint/``, ``timeline.png``, ``trace.json`` and ``sample.txt``. JSON
+files are written to a temporary name and renamed, so a reader sees the old file or the
+new one, never half; they are strict JSON (a number that is not finite is ``null``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "ResumeSource",
     "contents",
+    "json_safe",
     "new_run_problem",
     "read_json",
     "resume_source",
@@ -111,11 +115,60 @@ def read_json(path: str) -> Any:
                          "pipetrain train, or was edited") from None
 
 
-def write_json(path: str, value: Any) -> None:
-    """Write ``value`` as JSON to ``path`` atomically (temporary file, then rename)."""
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, infinities) replaced by ``None``
+    (``null``: strict JSON parsers refuse ``NaN``), in dicts, lists and tuples.
+
+    Example:
+        >>> json_safe({"loss": float("nan"), "norms": [1.5, float("inf")]})
+        {'loss': None, 'norms': [1.5, None]}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def _dumps(value: Any, *, indent: int | None) -> str:
+    return json.dumps(json_safe(value), indent=indent, default=str, allow_nan=False)
+
+
+def write_json(path: str, value: Any, *, rows: tuple[str, Iterable[Any]] | None = None) -> None:
+    """Write ``value`` as strict JSON to ``path`` atomically (temporary file, fsync, rename).
+
+    ``rows`` (``key``, items): ``value[key]`` is written as the list of ``items``, one per
+    line, taken as they come (a long list is never held in memory); ``value`` is then a
+    dict and holds ``key`` where the list goes.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.json")
+        >>> write_json(path, {"a": 1, "steps": None, "b": float("nan")},
+        ...            rows=("steps", iter([{"step": 1}, {"step": 2}])))
+        >>> read_json(path)
+        {'a': 1, 'steps': [{'step': 1}, {'step': 2}], 'b': None}
+    """
     partial = f"{path}.partial"
     with open(partial, "w", encoding="utf-8") as file:
-        json.dump(value, file, indent=2, default=str)
+        if rows is None:
+            file.write(_dumps(value, indent=2))
+        else:
+            key, items = rows
+            fields = [f"  {json.dumps(name)}: "
+                      + ("[" if name == key else _dumps(item, indent=2).replace("\n", "\n  "))
+                      for name, item in value.items()]
+            file.write("{\n")
+            for number, (name, field) in enumerate(zip(value, fields)):
+                file.write(field)
+                if name == key:
+                    for count, item in enumerate(items):
+                        file.write(("\n    " if count == 0 else ",\n    ") + _dumps(item, indent=None))
+                    file.write("\n  ]")
+                file.write(",\n" if number < len(fields) - 1 else "\n")
+            file.write("}")
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)

@@ -260,13 +260,12 @@ class _Run:
     # -- saving and ending ---------------------------------------------------------------------
     def _save(self) -> None:
         if self.records is not None:  # the history first: it never falls behind a checkpoint
-            self.records.write()
+            self.records.sync()
         self.pipe.save(os.path.join(self.args.folder, "checkpoint"),
                        extra={"data_step": self.pipe.step}, keep=self.args.keep_checkpoints)
         self.saved_step = self.pipe.step
         if self.records is not None:
             self.records.checkpoint_step = self.pipe.step
-            self.records.write()
 
     def _close_bar(self) -> None:
         if self.bar is not None:
@@ -355,10 +354,7 @@ class _Run:
             ) from error
         if self.records is not None:
             self.records.sample = sample
-            self.records.write()
-            if sample is not None:
-                with open(os.path.join(self.args.folder, "sample.txt"), "w", encoding="utf-8") as f:
-                    f.write(sample)
+            self.records.write()  # sample.txt too
             report(self.args.folder, self.records, sample)
         return 0
 

@@ -1,84 +1,123 @@
-"""The records of a training run (rank 0): ``metrics.json``, ``timeline.png``, ``trace.json``.
+"""The records of a training run (rank 0): ``steps.jsonl``, ``metrics.json``, the pictures.
 
-``metrics.json`` holds the whole run: a resumed run carries the history of the run it
-continues (the steps up to its checkpoint) and adds a *segment* per session, with the
-options of that session and the ones it changed. The file is rewritten whenever a
-checkpoint is saved and when the run ends, stops or fails, so the records never fall
-behind the checkpoint. Its fields are documented in ``docs/run-folder.md``.
+Each step's record is appended to ``steps.jsonl`` as the step ends (:mod:`.step_log`):
+recording a step costs the same at step 100,000 as at step 10, and rank 0 keeps no
+history in memory, only running figures and the last :data:`WINDOW` steps' measures for
+the summary's medians. The file is put on disk (fsync) before every checkpoint, so the
+history never falls behind a checkpoint.
 
-During training the file is also rewritten every few seconds (:meth:`RunRecords.write_if_due`),
-and a worker that is about to be ended writes it from another thread (:meth:`RunRecords.stop`):
-a run that dies keeps its history up to its last step.
+``metrics.json`` holds the whole run: the options of each session (a resumed run carries
+the history of the run it continues, the steps up to its checkpoint, and adds a
+*segment*), every step's record (streamed from ``steps.jsonl``), the summary and how the
+run ended. It is written when a session starts and when it ends, stops or fails (a
+worker that is about to be ended writes it from another thread: :meth:`RunRecords.stop`).
+Its fields are documented in ``docs/run-folder.md``.
+
+A record that cannot be written (a full disk) does not stop the run: one warning, and the
+write is tried again at the next one (:mod:`.record_writes`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import statistics
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from pipetrain.cli.record_writes import RecordWrites
 from pipetrain.cli.run_folder import read_json, write_json
 from pipetrain.cli.run_logs import TensorBoardLog, render_loss
+from pipetrain.cli.step_log import StepLog
 from pipetrain.schedule import Schedule, TimedAction, simulate
 from pipetrain.trace import StepMeasure, measure_step, render_measured_timeline, write_chrome_trace
 
-__all__ = ["METRICS_SCHEMA", "RunRecords"]
+__all__ = ["METRICS_SCHEMA", "WINDOW", "RunRecords"]
 
 logger = logging.getLogger(__name__)
 
-METRICS_SCHEMA = 2
+METRICS_SCHEMA = 3
 """Version of the ``metrics.json`` layout (``docs/run-folder.md``)."""
+WINDOW = 1000
+"""How many of a session's last steps the summary's medians cover, at most."""
 _TRACE_STEPS = 3
 """How many final steps go into trace.json."""
-WRITE_EVERY = 2.0
-"""Seconds between the rewrites of ``metrics.json`` during training."""
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+def _median(values: Iterable[float | None]) -> float | None:
+    finite = [v for v in values if v is not None]
+    return statistics.median(finite) if finite else None
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What the summary keeps of one step of the session."""
+
+    seconds: float
+    tokens_per_s: float
+    bubble: float
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
 
 
 class RunRecords:
     """What rank 0 records about a run, and the files it writes.
 
-    ``history`` is the folder whose ``metrics.json`` this run continues (None for a new
-    run); its steps after ``first_step - 1`` (past the checkpoint) are dropped.
+    ``history`` is the folder whose records this run continues (None for a new run); its
+    steps from ``first_step`` on (past the checkpoint) are dropped. ``warn`` takes the
+    line of a record that could not be written (default: stderr).
 
     Example::
 
         records = RunRecords("runs/a", options, world_size=2, first_step=1)
+        records.write()                                 # metrics.json at the start
         records.add({"step": 1, "loss": 5.5, ...}, measure, timeline)
-        records.write(schedule=...)
+        records.logged(record)                          # steps.jsonl, TensorBoard
+        records.write(pictures=True, title="...")       # at the end
     """
 
     def __init__(self, out: str, options: dict[str, Any], *, world_size: int, first_step: int,
                  history: str | None = None, changes: dict[str, tuple[Any, Any]] | None = None,
-                 checkpoint_step: int | None = None) -> None:
+                 checkpoint_step: int | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.out = out
         self.options = options
         self.world_size = world_size
-        self.steps: list[dict[str, Any]] = []
+        self.writes = RecordWrites() if warn is None else RecordWrites(warn=warn)
         self.segments: list[dict[str, Any]] = []
         if history is not None:
             earlier = read_json(os.path.join(history, "metrics.json")) or {}
-            self.steps = [s for s in earlier.get("steps", []) if s.get("step", 0) < first_step]
             self.segments = [dict(g) for g in earlier.get("segments", []) if g.get("first_step", 0) < first_step]
         self.segments.append({
             "first_step": first_step,
             "args": options,
             "changed": {name: list(pair) for name, pair in (changes or {}).items()},
         })
-        self.measures: list[StepMeasure] = []
+        self.first_loss: float | None = None
+        """The loss of the run's first recorded step."""
+        self.last: dict[str, Any] | None = None
+        """The record of the run's last step."""
+        self.last_val_loss: float | None = None
+        """The run's last validation loss."""
+        self.session_first: dict[str, Any] | None = None
+        """The record of this session's first step."""
+        self.session_count = 0
+        """How many steps this session trained."""
+        self._window: collections.deque[_Measured] = collections.deque(maxlen=WINDOW)
+        self._unlogged: dict[str, Any] | None = None
+        self.steps = StepLog(out, writes=self.writes, first_step=first_step, history=history,
+                             on_record=self._seen)
+        """The run's steps (``steps.jsonl``)."""
         self.traced: list[tuple[int, list[TimedAction]]] = []
         self.checkpoint_step = checkpoint_step
         """The step of the run's newest checkpoint (None before the first save)."""
         self.stopped: dict[str, Any] | None = None
         self.memory: list[Any] | None = None
         self.sample: str | None = None
+        """The sampled text (written to ``sample.txt`` too)."""
         self.schedule: Callable[[], Schedule] | None = None
         """The schedule of a step (for the simulator's makespan in the summary)."""
         self.sources: dict[str, str] = {}
@@ -86,32 +125,55 @@ class RunRecords:
         self.command_line: list[str] = []
         """The command line as typed."""
         self._lock = threading.RLock()
-        self._written = time.monotonic()
-        self.tensorboard = TensorBoardLog(out)
+        self.tensorboard = TensorBoardLog(out, writes=self.writes)
         """TensorBoard events of the run, in the run folder (see :mod:`.run_logs`)."""
 
     # -- recording ----------------------------------------------------------------------
+    def _seen(self, record: dict[str, Any]) -> None:
+        """Keep the running figures of the run up to ``record`` (the next in order)."""
+        if self.last is None or int(record["step"]) <= int(self.last["step"]):
+            self.first_loss = record.get("loss")  # the first record (or the history again)
+            self.last_val_loss = None
+        self.last = record
+        if record.get("val_loss") is not None:
+            self.last_val_loss = record["val_loss"]
+
     def add(self, record: dict[str, Any], measure: StepMeasure, timeline: list[TimedAction]) -> None:
-        """Record one step (its ``record``, the measure and timeline of its actions)."""
+        """Record one step (its ``record``, the measure and timeline of its actions); the
+        record is written by :meth:`logged`, once it is complete."""
         with self._lock:
-            self.steps.append(record)
-            self.measures.append(measure)
+            self._unlogged = record
+            self.session_count += 1
+            if self.session_first is None:
+                self.session_first = record
+            self._window.append(_Measured(
+                float(record["seconds"]), float(record["tokens_per_s"]), measure.bubble_fraction,
+                tuple(measure.busy[r] for r in range(self.world_size)),
+                tuple(measure.idle[r] for r in range(self.world_size))))
             self.traced = [*self.traced, (int(record["step"]), timeline)][-_TRACE_STEPS:]
 
     def logged(self, record: dict[str, Any]) -> None:
-        """Write a step's record to TensorBoard (once it is complete: validation loss
-        included), and ``metrics.json`` if due."""
+        """Write a step's record (once it is complete: validation loss included) to
+        ``steps.jsonl`` and TensorBoard."""
+        with self._lock:
+            if record is not self._unlogged:  # written already (by stop) or never added
+                return
+            self._unlogged = None
+            self._seen(record)
+            self.steps.append(record)
         self.tensorboard.step(record)
-        self.write_if_due()
 
     def close(self) -> None:
-        """Close the TensorBoard events (the run ends)."""
+        """Close ``steps.jsonl`` and the TensorBoard events (the run ends)."""
+        with self._lock:
+            self.steps.close()
         self.tensorboard.close()
 
-    def write_if_due(self) -> None:
-        """Rewrite ``metrics.json`` if the last write is :data:`WRITE_EVERY` seconds old."""
-        if time.monotonic() - self._written >= WRITE_EVERY:
-            self.write()
+    def sync(self) -> None:
+        """Put the steps recorded so far on disk (before a checkpoint is saved: the
+        history never falls behind it)."""
+        with self._lock:
+            self.steps.sync()
 
     def stop(self, stopped: dict[str, Any]) -> None:
         """Record how the run ended and write the records (safe from another thread, e.g.
@@ -119,22 +181,17 @@ class RunRecords:
         with self._lock:
             if self.stopped is None:
                 self.stopped = stopped
+            if self._unlogged is not None:  # its step ended, its validation did not
+                self.logged(self._unlogged)
             self.write()
             self.tensorboard.flush()
-
-    @property
-    def session_steps(self) -> list[dict[str, Any]]:
-        """The steps trained in this session."""
-        first = self.segments[-1]["first_step"]
-        return [s for s in self.steps if s["step"] >= first]
 
     def summary(self) -> dict[str, Any]:
         """The summary block of ``metrics.json``."""
         schedule = self.schedule
-        steady = self.measures[len(self.measures) // 5:] or self.measures
-        session = self.session_steps
+        window = list(self._window)
+        steady = window[-(self.session_count - self.session_count // 5):] if window else []
         ranks = range(self.world_size)
-        validated = [s["val_loss"] for s in self.steps if "val_loss" in s]
         last: dict[str, Any] | None = None
         if self.traced:
             measured = measure_step(self.traced[-1][1], num_ranks=self.world_size)
@@ -145,28 +202,28 @@ class RunRecords:
                     last["simulated_makespan_seconds"] = simulate(schedule(), measured.mean_costs).makespan
                 except (TypeError, ValueError) as error:
                     logger.debug("no simulator prediction: %s", error)
-        throughput = [s["tokens_per_s"] for s in session[len(session) // 5:]]
         return {
-            "first_loss": self.steps[0]["loss"] if self.steps else None,
-            "final_loss": self.steps[-1]["loss"] if self.steps else None,
-            "final_val_loss": validated[-1] if validated else None,
-            "session_steps": len(session),
-            "median_step_seconds": _median([s["seconds"] for s in session]),
-            "median_tokens_per_s": _median(throughput),
-            "median_bubble": _median([m.bubble_fraction for m in steady]),
-            "median_busy_seconds_per_rank": [_median([m.busy[r] for m in steady]) for r in ranks] if steady else [],
-            "median_idle_seconds_per_rank": [_median([m.idle[r] for m in steady]) for r in ranks] if steady else [],
+            "first_loss": self.first_loss,
+            "final_loss": None if self.last is None else self.last.get("loss"),
+            "final_val_loss": self.last_val_loss,
+            "session_steps": self.session_count,
+            "median_step_seconds": _median(m.seconds for m in window),
+            "median_tokens_per_s": _median(m.tokens_per_s for m in steady),
+            "median_bubble": _median(m.bubble for m in steady),
+            "median_busy_seconds_per_rank": [_median(m.busy[r] for m in steady) for r in ranks] if steady else [],
+            "median_idle_seconds_per_rank": [_median(m.idle[r] for m in steady) for r in ranks] if steady else [],
             "last_step": last,
         }
 
     def metrics(self) -> dict[str, Any]:
-        """The whole ``metrics.json`` value."""
+        """The value of ``metrics.json``, but for its ``steps`` (``None`` here: they are
+        streamed from ``steps.jsonl`` when the file is written)."""
         return {
             "schema": METRICS_SCHEMA,
             "config": {"args": self.options, "sources": self.sources,
                        "command_line": self.command_line, "world_size": self.world_size},
             "segments": self.segments,
-            "steps": self.steps,
+            "steps": None,
             "summary": self.summary(),
             "checkpoint": None if self.checkpoint_step is None else {"step": self.checkpoint_step,
                                                                      "folder": "checkpoint"},
@@ -177,26 +234,56 @@ class RunRecords:
 
     # -- writing ------------------------------------------------------------------------
     def write(self, *, pictures: bool = False, title: str = "") -> list[str]:
-        """Write ``metrics.json`` (and, with ``pictures``, ``timeline.png`` and
-        ``trace.json`` of the last steps); returns the names written."""
+        """Write ``metrics.json`` (and ``sample.txt`` once there is a sample; with
+        ``pictures``, ``timeline.png``, ``trace.json`` and ``loss.png``); returns the names
+        written. A file that cannot be written is left out with a warning."""
         with self._lock:
-            return self._write(pictures=pictures, title=title)
+            self.steps.sync()
+            written = []
+            metrics = self.metrics()
+            if self._write("metrics.json", lambda path: write_json(
+                    path, metrics, rows=("steps", self.steps.records()))):
+                written.append("metrics.json")
+            if self.sample is not None and self._write("sample.txt", self._write_sample):
+                written.append("sample.txt")
+            if pictures:
+                written += self._pictures(title)
+            return written
 
-    def _write(self, *, pictures: bool, title: str) -> list[str]:
-        os.makedirs(self.out, exist_ok=True)
-        write_json(os.path.join(self.out, "metrics.json"), self.metrics())
-        self._written = time.monotonic()
-        written = ["metrics.json"]
-        if pictures and self.traced:
+    def _write(self, name: str, write: Callable[[str], None]) -> bool:
+        path = os.path.join(self.out, name)
+        return self.writes.run(path, lambda: _named(path, write)) is not None
+
+    def _write_sample(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(self.sample or "")
+
+    def _pictures(self, title: str) -> list[str]:
+        written = []
+        if self.traced:
             step, timeline = self.traced[-1]
-            render_measured_timeline(timeline, os.path.join(self.out, "timeline.png"),
-                                     title=f"{title}: measured step {step}")
-            write_chrome_trace([t for _, t in self.traced], os.path.join(self.out, "trace.json"),
-                               step_numbers=[n for n, _ in self.traced],
-                               metadata={"options": self.options, "layout": title})
-            written += ["timeline.png", "trace.json"]
-        if pictures and render_loss(self.steps, os.path.join(self.out, "loss.png"), title=title):
+            if self._write("timeline.png", lambda path: render_measured_timeline(
+                    timeline, path, title=f"{title}: measured step {step}")):
+                written.append("timeline.png")
+            if self._write("trace.json", lambda path: write_chrome_trace(
+                    [t for _, t in self.traced], path, step_numbers=[n for n, _ in self.traced],
+                    metadata={"options": self.options, "layout": title})):
+                written.append("trace.json")
+        drawn: list[bool] = []
+        if self._write("loss.png", lambda path: drawn.append(
+                render_loss(self.steps.records(), path, title=title))) and drawn[0]:
             written.append("loss.png")
-        if pictures and self.memory and self.steps:
-            self.tensorboard.memory(self.memory, int(self.steps[-1]["step"]))
+        if self.memory and self.last is not None:
+            self.tensorboard.memory(self.memory, int(self.last["step"]))
         return written
+
+
+def _named(path: str, write: Callable[[str], None]) -> bool:
+    """Run ``write(path)``; an OSError without a file name gets ``path`` (for its warning)."""
+    try:
+        write(path)
+    except OSError as error:
+        if error.filename is None:
+            error.filename = path
+        raise
+    return True

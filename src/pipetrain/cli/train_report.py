@@ -3,6 +3,7 @@ peak memory of a rank, the summary at the end, and the line of an interrupted ru
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from typing import Any
@@ -56,18 +57,27 @@ def one_axis(gathered: list[tuple[float, list[TimedAction]]]) -> list[TimedActio
 
 
 def report(out: str, records: RunRecords, sample: str | None) -> None:
-    session = records.session_steps
-    if not session:
+    """The lines a finished run prints: the steps it trained, the loss, the files of its
+    run folder (those written) and the sample."""
+    first, last = records.session_first, records.last
+    if first is None or last is None:
         return
-    first, last = session[0], session[-1]
-    trained = (f"trained {len(session)} steps ({first['step']}-{last['step']})"
-               if first["step"] > 1 else f"trained {len(session)} steps")
-    validated = f" (validation {last['val_loss']:.3f})" if "val_loss" in last else ""
-    files = ["metrics.json", "timeline.png", "loss.png", "trace.json", "checkpoint/"]
-    files += ["sample.txt"] if sample is not None else []
-    lines = [f"{trained}: loss {first['loss']:.3f} -> {last['loss']:.3f}{validated}",
+    count = records.session_count
+    trained = (f"trained {count} steps ({first['step']}-{last['step']})"
+               if first["step"] > 1 else f"trained {count} steps")
+    validated = (f" (validation {last['val_loss']:.3f})"
+                 if isinstance(last.get("val_loss"), float) else "")
+    files = ["metrics.json", "steps.jsonl", "timeline.png", "loss.png", "trace.json",
+             "checkpoint/", "sample.txt"]
+    files = [name for name in files if os.path.exists(os.path.join(out, name))]
+    lines = [f"{trained}: loss {_loss(first)} -> {_loss(last)}{validated}",
              f"run folder: {out}  ({', '.join(files)})"]
     if sample is not None:
         lines += ["sample:", sample]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+def _loss(record: dict[str, Any]) -> str:
+    loss = record.get("loss")
+    return f"{loss:.3f}" if isinstance(loss, float) else "null"

@@ -61,20 +61,21 @@ def _last_step(out: str, started: float) -> tuple[int, bool] | None:
     is where the run stopped (a surviving rank 0 records that) or only the last record
     (rank 0, which writes them, died)."""
     from pipetrain.cli.run_folder import read_json
+    from pipetrain.cli.step_log import last_recorded
 
     path = os.path.join(out, "metrics.json")
     try:
-        if os.path.getmtime(path) < started:
-            return None
-        metrics: dict[str, Any] = read_json(path) or {}
+        metrics: dict[str, Any] = (read_json(path) or {}) if os.path.getmtime(path) >= started else {}
     except (OSError, ValueError):
-        return None
+        metrics = {}
     stopped = metrics.get("stopped") or {}
     if isinstance(stopped.get("at_step"), int):
         return int(stopped["at_step"]), True
-    steps = metrics.get("steps") or []
-    last = steps[-1] if steps and isinstance(steps[-1], dict) else {}
-    return (int(last["step"]), False) if isinstance(last.get("step"), int) else None
+    found = last_recorded(out)  # steps.jsonl, appended at every step
+    try:
+        return (found[0], False) if found and os.path.getmtime(found[1]) >= started else None
+    except OSError:
+        return None
 
 
 def _checkpoint_step(out: str) -> int | None:
