@@ -37,9 +37,10 @@ def _metrics(out: Path) -> dict[str, Any]:
 
 
 def _steps_recorded(out: Path) -> int:
+    """Steps recorded so far (steps.jsonl gets each step's line as it ends)."""
     try:
-        return len(_metrics(out)["steps"])
-    except (OSError, ValueError, KeyError):
+        return (out / "steps.jsonl").read_text().count("\n")
+    except OSError:
         return 0
 
 
@@ -164,7 +165,9 @@ def _assert_whole_history(out: Path, last: int) -> dict[str, Any]:
     return metrics
 
 
-def test_a_truncated_newest_checkpoint_resumes_from_the_one_before_with_a_warning(tmp_path: Path) -> None:
+def test_a_damaged_checkpoint_is_set_aside_and_a_second_damage_still_resumes(tmp_path: Path) -> None:
+    """Step 6 truncated: the resume falls back to step 3 and sets step 6 aside, so that
+    the next saves keep intact checkpoints; damaging the newest again still resumes."""
     from pipetrain.api.checkpoint_files import checkpoint_problem
 
     out = tmp_path / "run"
@@ -176,13 +179,22 @@ def test_a_truncated_newest_checkpoint_resumes_from_the_one_before_with_a_warnin
         f.truncate(100)
     resumed = _train("--resume", str(out), "--steps", "8")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    warning = next(line for line in resumed.stderr.splitlines() if "warning" in line)
-    assert warning.startswith(f"pipetrain train: warning: checkpoint {out}/checkpoint (step 6) is "
-                              f"damaged: {shard.name} is 100 bytes but the checkpoint's index needs")
-    assert warning.endswith(f"resuming from {out}/checkpoint.step-3 (step 3) instead")
+    warnings = [line for line in resumed.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, resumed.stderr[-3000:]
+    assert warnings[0].startswith(f"pipetrain train: warning: checkpoint {out}/checkpoint (step 6) "
+                                  f"is damaged: {shard.name} is 100 bytes, saved as")
+    assert warnings[0].endswith(f"(truncated); set aside as {out}/checkpoint.damaged-step-6; "
+                                f"using {out}/checkpoint.step-3 (step 3)")
     metrics = _assert_whole_history(out, 8)  # steps 4-6 trained again, once in the history
     assert metrics["segments"][-1]["first_step"] == 4
+    assert sorted(p.name for p in out.glob("checkpoint*")) == [
+        "checkpoint", "checkpoint.damaged-step-6", "checkpoint.step-6"]
     assert checkpoint_problem(out / "checkpoint") is None  # the new newest is intact
+    (out / "checkpoint" / "pipetrain-manifest.json").unlink()  # a second damage
+    again = _train("--resume", str(out), "--steps", "9")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no pipetrain-manifest.json" in again.stderr and "(step 6)" in again.stderr
+    assert _metrics(out)["segments"][-1]["first_step"] == 7
 
 
 def test_a_full_disk_ends_in_one_line_and_the_older_checkpoint_survives(tmp_path: Path) -> None:
@@ -211,15 +223,51 @@ def test_a_full_disk_ends_in_one_line_and_the_older_checkpoint_survives(tmp_path
     assert kept == (None, 2) and leftovers == ["checkpoint"]  # the failed save's files removed
 
 
-def test_a_worker_killed_during_a_save_is_named_without_a_gloo_traceback(tmp_path: Path) -> None:
+def test_a_kill_before_the_manifest_is_named_and_the_resume_does_not_hang(tmp_path: Path) -> None:
+    """Rank 1 dies after step 4's shards and index are written, before its manifest: the
+    run ends naming rank 1; the resume passes over the unfinished save (no manifest, no
+    checkpoint), continues from step 2 and saves again without waiting on anyone."""
     out = tmp_path / "run"
-    done = _train("--steps", "4", "--save-every", "2", "--out", str(out), fault="manifest:2:1")
+    done = _train("--steps", "6", "--save-every", "2", "--out", str(out), fault="manifest:4:1")
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "gloo/" not in done.stderr, done.stderr[-3000:]
     assert "rank 1" in _last_line(done.stderr), done.stderr[-3000:]
     metrics = _metrics(out)
     assert metrics["stopped"]["reason"] == "error" and "rank 1" in metrics["stopped"]["message"]
-    assert [s["step"] for s in metrics["steps"]] == [1, 2]
+    assert [s["step"] for s in metrics["steps"]] == [1, 2, 3, 4]
+    assert (out / "checkpoint.partial" / ".metadata").is_file()
+    began = time.monotonic()
+    resumed = _train("--resume", str(out), "--steps", "6", "--timeout", "60", timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert time.monotonic() - began < 60
+    assert "at step 2" in resumed.stderr, resumed.stderr[-2000:]
+    _assert_whole_history(out, 6)
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint.step-4"]
+
+
+def test_a_crafted_checkpoint_is_refused_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
+    """A run folder whose .metadata is a pickle that calls os.system, with a manifest
+    that matches it: refused by name before any worker starts; the command never runs."""
+    import pickle
+
+    from pipetrain.api.checkpoint_files import write_manifest
+
+    marker = tmp_path / "ran"
+
+    class Crafted:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    checkpoint = tmp_path / "run" / "checkpoint"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(Crafted()))
+    write_manifest(str(checkpoint), step=5)
+    done = _train("--resume", str(tmp_path / "run"), "--steps", "10", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    line = _last_line(done.stderr)
+    assert ".metadata holds what a checkpoint does not" in line and "posix.system" in line, line
+    assert not marker.exists()
 
 
 def test_a_kill_between_the_save_and_its_rename_loses_no_history(tmp_path: Path) -> None:

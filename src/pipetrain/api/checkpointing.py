@@ -14,9 +14,15 @@ so nothing is in flight; the checkpoint records how many micro-batches and steps
 A save is atomic and keeps the previous checkpoints: it is written to ``PATH.partial``,
 checksummed into a manifest, and renamed over ``PATH`` only when every rank has finished;
 the checkpoint it replaces stays as ``PATH.step-S`` (``keep`` checkpoints in all, see
-:mod:`.checkpoint_files`). A load verifies the newest checkpoint and falls back to the
-newest intact one, with a warning naming the damaged file. A failed save or load ends
-in one line (:class:`CheckpointError`): a full disk says so, with the path and the space.
+:mod:`.checkpoint_files`). A load verifies the newest checkpoint once (rank 0 reads every
+file against its checksum) and falls back to the newest intact one, setting the damaged
+ones aside with a warning naming the damaged file. A failed save or load ends in one line
+(:class:`CheckpointError`): a full disk says so, with the path and the space.
+
+Nothing in a checkpoint runs code when it is loaded: pipetrain's own entry is JSON (so
+``extra`` must be JSON), and DCP's index and non-tensor entries are read through the
+restricted readers of :mod:`.checkpoint_reader`. The files are created with the user's
+umask (``umask 077`` makes them private).
 """
 
 from __future__ import annotations
@@ -24,14 +30,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import pickle
 import shutil
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -46,14 +51,23 @@ from pipetrain.api.checkpoint_files import (
     find_checkpoint,
     find_intact,
     is_complete,
-    read_meta,
+    set_aside,
     write_manifest,
+)
+from pipetrain.api.checkpoint_reader import (
+    SafeLoadPlanner,
+    SafeReader,
+    decode_meta,
+    encode_meta,
+    read_index,
+    read_meta,
 )
 
 __all__ = [
     "KEEP",
     "CheckpointError",
     "Checkpointable",
+    "Loaded",
     "checkpoint_problem",
     "find_checkpoint",
     "is_complete",
@@ -81,6 +95,20 @@ class Checkpointable(Protocol):
     optimizers: Any
     step: int
 
+
+@dataclass(frozen=True)
+class Loaded:
+    """What :func:`load_pipeline` loaded."""
+
+    path: str
+    """The checkpoint folder read (the newest intact one)."""
+    step: int
+    extra: dict[str, Any] | None
+    """The ``extra`` saved with it."""
+    passed_over: tuple[str, ...] = ()
+    """One line for each damaged newer checkpoint passed over (and set aside)."""
+
+
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -97,7 +125,7 @@ def _state(pipeline: Checkpointable, extra: dict[str, Any] | None) -> dict[str, 
         "model": pipeline.model.state_dict(),
         "optim": get_optimizer_state_dict(pipeline.model, optimizers, options=_OPTIONS),
         # one opaque leaf: DCP would flatten a dict and then demand the same keys on load
-        "meta": pickle.dumps(
+        "meta": encode_meta(
             {
                 "step": pipeline.step,
                 "scheduler": next(iter(schedulers.values())).state_dict() if schedulers else None,
@@ -152,19 +180,29 @@ def _save_error(error: BaseException, *, partial: str, path: str, local_bytes: i
         return broken
     kept = ("the previous checkpoint is kept" if find_checkpoint(path, checksums=False)
             else "no earlier checkpoint existed")
-    for failure in _failures(error):
-        if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
-            folder = os.path.dirname(os.path.abspath(partial))
-            free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-            return CheckpointError(
-                f"saving the checkpoint failed: no space left on the device of {partial!r} "
-                f"(this rank's share of the checkpoint is about {local_bytes / 2**20:.1f} MiB, "
-                f"{free / 2**20:.1f} MiB are free there); {kept}. Fix: free space there or "
-                "save on another disk")
+    folder = os.path.dirname(os.path.abspath(partial))
+    free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
+    if _disk_full(error) or free < local_bytes:
+        return CheckpointError(
+            f"saving the checkpoint failed: no space left on the device of {partial!r} "
+            f"(this rank's share of the checkpoint is about {local_bytes / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB are free there); {kept}. Fix: free space there or "
+            "save on another disk")
     first = next((f for f in _failures(error) if not isinstance(f, CheckpointException)), error)
     text = " ".join(str(first).split())[:300]
     return CheckpointError(f"saving the checkpoint to {partial!r} failed: "
                            f"{type(first).__name__}: {text}; {kept}")
+
+
+def _disk_full(error: BaseException) -> bool:
+    """Whether a failed save ran out of space: ENOSPC / EDQUOT, or torch's stream writer
+    finding its file shorter than what it wrote ("unexpected pos")."""
+    for failure in _failures(error):
+        if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "unexpected pos" in str(failure) or "failed writing file" in str(failure):
+            return True
+    return False
 
 
 def save_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str], *,
@@ -196,11 +234,11 @@ def save_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str], *,
     state = _state(pipeline, extra)
     try:
         dcp_save(state, checkpoint_id=partial)
-    except (CheckpointException, OSError) as error:
+    except (CheckpointException, OSError, RuntimeError) as error:
+        failure = _save_error(error, partial=partial, path=path, local_bytes=_state_bytes(state))
         if dist.get_rank() == 0 and _communication_error(error) is None:
             _remove(partial)  # a failed save's files only take space
-        raise _save_error(error, partial=partial, path=path,
-                          local_bytes=_state_bytes(state)) from None
+        raise failure from None
     dist.barrier()
     write_manifest(partial, step=pipeline.step)
     if dist.get_rank() == 0:
@@ -215,12 +253,16 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """Load a checkpoint saved by :func:`save_pipeline` (any layout); returns ``extra``.
+def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str], *,
+                  set_aside: bool = True) -> Loaded:
+    """Load a checkpoint saved by :func:`save_pipeline` (any layout).
 
-    Reads the newest intact checkpoint kept at ``path``: a damaged newer one (a
-    truncated or missing shard, an unreadable index, a checksum that does not match) is
-    passed over with a warning naming the file (see :func:`find_intact`).
+    Reads the newest intact checkpoint kept at ``path``: rank 0 verifies it (every file
+    against its checksum: once for the job) and passes over a damaged newer one (a
+    truncated, missing or changed file, a missing or invalid manifest, an index holding
+    objects a checkpoint does not) with a warning naming the file; with ``set_aside``
+    the damaged ones are renamed ``PATH.damaged-step-S`` so that later saves never count
+    them as kept (pass ``False`` where another job may be writing ``path``).
 
     Raises:
         FileNotFoundError: ``path`` holds no checkpoint, or none intact (the message
@@ -229,31 +271,43 @@ def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dic
 
     Example (every rank)::
 
-        extra = load_pipeline(pipe, "runs/demo/checkpoint")
+        loaded = load_pipeline(pipe, "runs/demo/checkpoint")
+        loaded.step, loaded.extra
     """
-    path = _intact(path)
+    joined = dist.is_initialized() and dist.get_world_size() > 1
+    chosen: list[Any] = [None]
+    if not joined or dist.get_rank() == 0:
+        try:
+            chosen[0] = _intact(path, aside=set_aside)
+        except FileNotFoundError as error:
+            chosen[0] = error
+    if joined:
+        dist.broadcast_object_list(chosen, src=0)
+    if isinstance(chosen[0], FileNotFoundError):
+        raise FileNotFoundError(str(chosen[0]))
+    found, passed_over = chosen[0]
     state = _state(pipeline, None)
     asynchronous = getattr(pipeline, "async_state", None)
     names = _names(pipeline)
     if asynchronous is not None:  # 2BW's previous version, where the checkpoint has one
-        saved = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+        saved = set(read_index(found).state_dict_metadata)
         state["stash"] = {name: torch.empty_like(p.detach()) for name, p in
                           pipeline.model.named_parameters() if f"stash.{name}" in saved}
         if not state["stash"]:
             del state["stash"]
     try:
-        dcp_load(state, checkpoint_id=path)
+        dcp_load(state, storage_reader=SafeReader(found), planner=SafeLoadPlanner())
     except CheckpointException as error:
         broken = _communication_error(error)
         if broken is not None:
             raise broken from None
         first = next((f for f in _failures(error) if not isinstance(f, CheckpointException)), error)
-        raise CheckpointError(f"loading the checkpoint {path!r} failed: {type(first).__name__}: "
+        raise CheckpointError(f"loading the checkpoint {found!r} failed: {type(first).__name__}: "
                               f"{' '.join(str(first).split())[:300]}") from None
     pipeline.model.load_state_dict(state["model"])
     optimizers = list(pipeline.optimizers.optimizers.values())
     set_optimizer_state_dict(pipeline.model, optimizers, state["optim"], options=_OPTIONS)
-    meta = pickle.loads(state["meta"])
+    meta = decode_meta(state["meta"])
     pipeline.step = int(meta["step"])
     if meta.get("scheduler") is not None:
         for scheduler in pipeline.optimizers.schedulers.values():
@@ -263,33 +317,38 @@ def load_pipeline(pipeline: Checkpointable, path: str | os.PathLike[str]) -> dic
         scaler.load_state_dict(meta["loss_scale"])
     if asynchronous is not None:
         asynchronous.restore(meta.get("async"), state.get("stash", {}), names, step=pipeline.step)
-    extra: dict[str, Any] | None = meta.get("extra")
-    return extra
+    return Loaded(path=found, step=pipeline.step, extra=meta.get("extra"),
+                  passed_over=tuple(passed_over))
 
 
-def _intact(path: str | os.PathLike[str]) -> str:
-    """The newest intact checkpoint kept at ``path``, warning about damaged newer ones."""
+def _intact(path: str | os.PathLike[str], *, aside: bool) -> tuple[str, list[str]]:
+    """The newest intact checkpoint kept at ``path`` and a line for each damaged newer
+    one (logged as a warning; with ``aside``, set aside)."""
     found, damaged = find_intact(path)
-    for candidate, problem in damaged:
-        if found is not None:
-            logger.warning("checkpoint %s (step %s) is damaged: %s; using %s (step %s) instead",
-                           candidate.path, candidate.step, problem, found.path, found.step)
-    if found is not None:
-        return found.path
-    if damaged:
-        listed = "; ".join(f"{c.path}: {problem}" for c, problem in damaged)
+    if found is None:
+        if damaged:
+            listed = "; ".join(f"{c.path}: {problem}" for c, problem in damaged)
+            raise FileNotFoundError(
+                f"no intact pipetrain checkpoint in {os.fspath(path)!r}: {listed}. Fix: restore "
+                "the damaged files, or start over without --resume")
         raise FileNotFoundError(
-            f"no intact pipetrain checkpoint in {os.fspath(path)!r}: {listed}. Fix: restore the "
-            "damaged files, or start over without --resume")
-    raise FileNotFoundError(
-        f"no pipetrain checkpoint in {os.fspath(path)!r} (no .metadata file); fix: pass the "
-        "checkpoint directory written by Pipeline.save / `pipetrain train --out DIR` "
-        "(DIR/checkpoint)")
+            f"no pipetrain checkpoint in {os.fspath(path)!r} (no .metadata file); fix: pass the "
+            "checkpoint directory written by Pipeline.save / `pipetrain train --out DIR` "
+            "(DIR/checkpoint)")
+    notes = []
+    for candidate, problem in damaged:
+        note = f"checkpoint {candidate.path} (step {candidate.step}) is damaged: {problem}"
+        if aside:
+            note += f"; set aside as {set_aside(os.fspath(path), candidate)}"
+        notes.append(f"{note}; using {found.path} (step {found.step})")
+        logger.warning("%s", notes[-1])
+    return found.path, notes
 
 
 def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The step and ``extra`` of the newest intact checkpoint at ``path``, read in this
-    process alone (no job needed; only the small metadata entry is read).
+    process alone (no job needed; only the small metadata entry is read; nothing is
+    set aside).
 
     Raises:
         FileNotFoundError: ``path`` holds no intact checkpoint.
@@ -298,6 +357,6 @@ def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 
         read_checkpoint_info("runs/demo/checkpoint")   # {'step': 1000, 'extra': {...}}
     """
-    found = _intact(path)
+    found, _ = _intact(path, aside=False)
     meta = read_meta(found)
     return {"step": int(meta["step"]), "extra": meta.get("extra"), "path": found}

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
-from pipetrain.api.checkpointing import KEEP, load_pipeline, save_pipeline
+from pipetrain.api.checkpointing import KEEP, Loaded, load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
@@ -211,6 +211,8 @@ class Pipeline:
                                             rank=self.rank, executor=self.executor,
                                             optimizers=self.optimizers)
         self.step = 0
+        self.loaded: Loaded | None = None
+        """What the last :meth:`load` read (its folder, step, the damaged ones passed over)."""
         """Training steps taken (restored by :meth:`load`)."""
         self.last_timeline: list[TimedAction] = []
         """This rank's measured actions of the last step (seconds since its start)."""
@@ -392,11 +394,15 @@ class Pipeline:
         with self.guard():
             save_pipeline(self, path, extra=extra, keep=keep)
 
-    def load(self, path: str) -> dict[str, Any] | None:
+    def load(self, path: str, *, set_aside: bool = True) -> dict[str, Any] | None:
         """Load the newest intact checkpoint kept at ``path``, taken with any number of
-        stages (a damaged newer one is passed over with a warning); returns its ``extra``."""
+        stages; returns its ``extra``. A damaged newer one is passed over with a warning
+        and, with ``set_aside``, renamed ``PATH.damaged-step-S`` so that later saves never
+        count it (``False`` where another job may be writing ``path``). :attr:`loaded`
+        says what was read."""
         with self.guard():
-            return load_pipeline(self, path)
+            self.loaded = load_pipeline(self, path, set_aside=set_aside)
+        return self.loaded.extra
 
     def close(self) -> None:
         """Stop the monitor and the transport's threads (the process group stays)."""

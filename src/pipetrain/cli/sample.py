@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                                           vocab_size=tokenizer.vocab_size, num_stages=1)
         pipe = Pipeline(model, **arguments, optimizer=lambda p: torch.optim.AdamW(p),
                         config=PipelineConfig(num_stages=1, num_microbatches=1), context=context)
-        pipe.load(checkpoint)
+        pipe.load(checkpoint, set_aside=False)  # a training job may be writing it
         text = sample_text(pipe, tokenizer, prompt=args.prompt, num_tokens=args.bytes,
                            temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                            context=config.context)

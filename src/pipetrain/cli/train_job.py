@@ -144,8 +144,8 @@ class _Run:
     def _load(self) -> None:
         if self.resume is None:
             return
-        self.pipe.load(self.resume.checkpoint)
-        self.start = self.pipe.step
+        self.pipe.load(self.resume.checkpoint)  # rank 0 verifies it, sets damaged ones aside
+        self.start = self.saved_step = self.pipe.step
         for j, optimizer in self.pipe.optimizers.optimizers.items():  # honour --lr, --warmup, --steps
             scheduler = self.pipe.optimizers.schedulers[j]
             factor = lr_factor(self.args.warmup, self.args.steps)(scheduler.last_epoch)
@@ -187,8 +187,8 @@ class _Run:
         self.records.write()
         if self.records.tensorboard.missing is not None:
             sys.stderr.write(f"pipetrain train: note: {self.records.tensorboard.missing}\n")
-        if self.resume is not None:
-            for warning in self.resume.warnings:
+        if self.resume is not None and self.pipe.loaded is not None:
+            for warning in self.pipe.loaded.passed_over:
                 sys.stderr.write(f"pipetrain train: warning: {warning}\n")
             sys.stderr.write(self._describe_resume() + "\n")
         self.bar = ProgressBar(args.steps, initial_step=self.start)
@@ -278,8 +278,8 @@ class _Run:
 
     def _interrupted(self, signal: Any) -> int:
         self._close_bar()
-        saved = self.pipe.step > self.start
-        if saved:
+        saved = self.pipe.step > self.start and self.pipe.step != self.saved_step
+        if saved:  # a signal during a periodic save: that save holds this step already
             self._save()
         if self.records is not None:
             self.records.stopped = {"reason": "interrupted", "signal": signal.name,

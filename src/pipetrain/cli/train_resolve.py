@@ -31,15 +31,13 @@ class Resume:
     """What a ``--resume`` continues."""
 
     checkpoint: str
-    """The complete checkpoint folder to load."""
+    """The checkpoint path whose newest intact copy the job loads (verified then)."""
     step: int
     """The step the checkpoint was saved at."""
     run_folder: str | None
     """The run folder whose options and history continue (None: a bare checkpoint)."""
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Options given now that differ from the resumed run's: ``{name: (old, new)}``."""
-    warnings: list[str] = field(default_factory=list)
-    """Newer checkpoints passed over because they are damaged (one line each)."""
 
 
 def saved_options(run_folder: str) -> dict[str, Any]:
@@ -50,14 +48,16 @@ def saved_options(run_folder: str) -> dict[str, Any]:
 
 
 def _find_resume(path: str, problems: list[str]) -> Resume | None:
-    from pipetrain.api.checkpoint_files import find_intact, read_meta
+    """The newest checkpoint whose files match its manifest and index (the checksums are
+    read once, by the job's rank 0, when it loads: it may fall back further)."""
+    from pipetrain.api.checkpoint_files import find_intact
 
     if not os.path.exists(path):
         problems.append(f"--resume {path!r}: no such run folder or checkpoint")
         return None
     source = resume_source(path)
-    found, damaged = find_intact(source.checkpoint)
-    if found is None:
+    found, damaged = find_intact(source.checkpoint, checksums=False)
+    if found is None or found.step is None:
         where = source.run_folder or path
         if damaged:
             listed = "; ".join(f"{c.path} (step {c.step}): {why}" for c, why in damaged)
@@ -70,10 +70,7 @@ def _find_resume(path: str, problems: list[str]) -> Resume | None:
                 "before its first save has none); fix: start the run again without --resume, or "
                 "resume a run folder that has checkpoint/")
         return None
-    step = int(read_meta(found.path)["step"])
-    return Resume(checkpoint=found.path, step=step, run_folder=source.run_folder,
-                  warnings=[f"checkpoint {c.path} (step {c.step}) is damaged: {why}; resuming "
-                            f"from {found.path} (step {step}) instead" for c, why in damaged])
+    return Resume(checkpoint=source.checkpoint, step=found.step, run_folder=source.run_folder)
 
 
 def _given(args: argparse.Namespace, problems: list[str]) -> dict[str, tuple[str, Any]]:
