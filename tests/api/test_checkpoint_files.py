@@ -201,3 +201,17 @@ def test_a_complete_partial_newer_than_the_checkpoint_is_found_first(tmp_path: P
     found, damaged = find_intact(path)
     assert found is not None and found.path == path + ".partial" and not damaged
     assert os.path.isfile(os.path.join(path + ".partial", MANIFEST))
+
+
+def test_a_checkpoint_follows_the_users_umask(tmp_path: Path) -> None:
+    path = str(tmp_path / "checkpoint")
+    previous = os.umask(0o077)
+    try:
+        for step in (1, 2):
+            _save(Path(path + ".partial"), step)
+            commit(path + ".partial", path, keep=2)
+    finally:
+        os.umask(previous)
+    for folder in (path, path + ".step-1"):
+        assert os.stat(folder).st_mode & 0o077 == 0
+        assert all(os.stat(os.path.join(folder, name)).st_mode & 0o077 == 0 for name in os.listdir(folder))

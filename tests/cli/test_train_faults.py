@@ -286,14 +286,21 @@ def test_a_kill_between_the_save_and_its_rename_loses_no_history(tmp_path: Path)
 
 
 def test_a_second_job_on_a_running_run_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """... and the running job listens on loopback only (its store and gloo)."""
+    from helpers.listeners import descendants, listening_addresses
+
     out = tmp_path / "run"
+    env = {k: v for k, v in _env().items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
     first = subprocess.Popen(_command("--steps", "100000", "--out", str(out)), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=_env())
+                             stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.monotonic() + 120
         while _steps_recorded(out) < 2 and time.monotonic() < deadline:
             assert first.poll() is None, first.communicate()[0][-3000:]
             time.sleep(0.5)
+        listening = listening_addresses(descendants(first.pid))
+        assert len(listening) >= 3  # the store, and each worker's gloo
+        assert {address for address, _ in listening} == {"127.0.0.1"}, listening
         second = _train("--resume", str(out), "--steps", "200000", timeout=120)
         assert second.returncode == 2, second.stderr[-3000:]
         line = _last_line(second.stderr)

@@ -58,3 +58,15 @@ def test_train_timeout_bounds_start_up() -> None:
     assert done.returncode != 0
     assert "StartupTimeout: rank 0 (on host" in done.stderr, done.stderr[-3000:]
     assert "waited 3 s (the timeout) for rank 1 of 2 to join the job" in done.stderr
+
+
+def test_a_hosted_store_listens_on_its_address_only() -> None:
+    import os
+
+    from helpers.listeners import listening_addresses
+    from pipetrain.runtime.process_group import hosted_store
+
+    store = hosted_store("127.0.0.1", 0, timeout=5)
+    assert ("127.0.0.1", store.port) in listening_addresses([os.getpid()])
+    assert all(address == "127.0.0.1" for address, port in listening_addresses([os.getpid()])
+               if port == store.port)

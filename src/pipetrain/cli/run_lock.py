@@ -7,6 +7,10 @@ POSIX lock (``fcntl.lockf``, which network file systems support) on ``RUN/.lock`
 the whole job and writes who holds it into the file; a second job is refused, naming
 the holder. The kernel releases the lock when the holder exits, however it exits
 (``kill -9`` included), so a lock is never left stale: the file stays, unlocked.
+
+The file is its owner's alone (mode 0600: another user cannot open it to hold a lock of
+their own on it), and a refusal names the process that really holds the lock (read from
+``/proc/locks`` on Linux), not only what the file says.
 """
 
 from __future__ import annotations
@@ -54,11 +58,13 @@ class RunLock:
         import fcntl
 
         os.makedirs(self.folder, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, 0o600)  # a lock file of an earlier version, readable by all
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = _read_holder(fd)
+            holder = _holder(fd)
             os.close(fd)
             raise RunFolderBusy(self._busy(holder)) from None
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
@@ -88,7 +94,7 @@ class RunLock:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return self._busy(_read_holder(fd))
+            return self._busy(_holder(fd))
         finally:
             os.close(fd)  # also lets go of the probe's lock; the file is left as it was
         return None
@@ -121,7 +127,49 @@ def _read_holder(fd: int) -> dict[str, Any]:
         return {}
 
 
+def _lock_holders(fd: int) -> list[int]:
+    """The pids holding a POSIX lock on ``fd``'s file, from ``/proc/locks`` (Linux; else [])."""
+    status = os.fstat(fd)
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as file:
+            rows = [line.split() for line in file if "->" not in line]
+    except OSError:
+        return []
+    return sorted({int(row[4]) for row in rows if len(row) > 5 and row[5] == device
+                   and row[1] == "POSIX" and row[4].isdigit()})
+
+
+def _process(pid: int) -> str:
+    """``pid``'s user and command line, as far as this user may read them."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return f"pid {pid}"
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        user = str(uid)
+    return f"pid {pid} of user {user}: {command[:200] or '?'}"
+
+
+def _holder(fd: int) -> dict[str, Any]:
+    """Who holds the lock on ``fd``'s file: what the file says, and the real holder
+    where that is another process (``real``)."""
+    holder = _read_holder(fd)
+    pids = _lock_holders(fd)
+    if pids and (holder.get("pid") not in pids or holder.get("host") != socket.gethostname()):
+        holder = {"real": "; ".join(_process(pid) for pid in pids)}
+    return holder
+
+
 def _describe(holder: dict[str, Any]) -> str:
+    if "real" in holder:
+        return f"the lock is held by {holder['real']}"
     if not holder:
         return "its details are unreadable"
     return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, started "

@@ -1,9 +1,11 @@
 """Spawning a job's workers on this machine through torch.distributed.elastic.
 
 ``pipetrain train --stages 2`` starts ``python -m pipetrain train ...`` twice through
-the elastic agent (the machinery behind ``torchrun``): the workers find each other at a
-c10d rendezvous on 127.0.0.1 and see the usual ``RANK``/``WORLD_SIZE``/``MASTER_*``
-variables, so the very same command line also runs under
+the elastic agent (the machinery behind ``torchrun``): the workers find each other at the
+agent's store and see the usual ``RANK``/``WORLD_SIZE``/``MASTER_*`` variables. Nothing of
+a local job listens beyond loopback: the store is :mod:`.loopback`'s, and gloo (and NCCL's
+bootstrap) use the loopback interface unless ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``)
+says otherwise. The very same command line also runs under
 ``torchrun --nnodes N --nproc-per-node P -m pipetrain train ...`` on several machines.
 When a worker dies the agent stops the others at once; the error names the rank.
 """
@@ -15,13 +17,15 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from pipetrain.launch.processes import free_port
+from pipetrain.launch.loopback import BACKEND, LOOPBACK, register
+from pipetrain.runtime.host_address import interface_of
 
 __all__ = ["LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
 
@@ -114,23 +118,21 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
 
         launch_local(2, ["train", "--steps", "10"])
     """
+    register()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"pipetrain-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_backend=BACKEND,
+        rdzv_endpoint="",
         max_restarts=0,
         monitor_interval=monitor_interval,
         shutdown_timeout=shutdown_timeout,
     )
-    # workers inherit this environment; keep each worker's math single-threaded unless
-    # the user chose otherwise, so K workers share the cores instead of fighting
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    os.environ[LAUNCHED_ENV] = "1"
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
+        with _worker_environment(nproc):
+            elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
     except SignalException as error:
         raise LaunchInterrupted(int(error.sigval)) from None
     except ChildFailedError as error:
@@ -150,5 +152,26 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
             rank=rank, exitcode=failure.exitcode, worker_message=detail,
             exitcodes={r: f.exitcode for r, f in error.failures.items()},
         ) from None
+
+
+@contextmanager
+def _worker_environment(nproc: int) -> Iterator[None]:
+    """What the workers inherit, set while they are started and taken back after: each
+    worker's math single-threaded unless the user chose otherwise (K workers share the
+    cores instead of fighting), and gloo / NCCL on the loopback interface."""
+    values = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), LAUNCHED_ENV: "1"}
+    loopback = interface_of(LOOPBACK)
+    if loopback is not None:
+        values |= {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}
+    added = {name: value for name, value in values.items()
+             if name == LAUNCHED_ENV or name not in os.environ}
+    before = {name: os.environ.get(name) for name in added}
+    os.environ.update(added)
+    try:
+        yield
     finally:
-        os.environ.pop(LAUNCHED_ENV, None)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -25,10 +25,11 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 from torch.distributed.distributed_c10d import Store
 
 from pipetrain.runtime.errors import HostAddressError, StartupError, StartupTimeout, brief
+from pipetrain.runtime.host_address import is_loopback
 from pipetrain.runtime.reachability import address_problems, local_place, settle_address
 from pipetrain.runtime.roster import RankPlace, exchange_places, name_addresses, wait_until_read
 
-__all__ = ["DistContext", "init_distributed"]
+__all__ = ["DistContext", "hosted_store", "init_distributed"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +115,13 @@ def init_distributed(
         _reach_store(master_addr, master_port, rank=rank, deadline=deadline, timeout=timeout,
                      host_rank=None if agent_store else 0)
     try:
-        store = TCPStore(master_addr, master_port, world_size, is_master=is_host,
-                         timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
-    except RuntimeError as error:
+        loopback = _resolved(master_addr) if is_host else None
+        if loopback is not None and is_loopback(loopback):
+            store = hosted_store(loopback, master_port, world_size=world_size, timeout=timeout)
+        else:
+            store = TCPStore(master_addr, master_port, world_size, is_master=is_host,
+                             timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    except (RuntimeError, OSError) as error:
         action = f"host the job's store on port {master_port}" if is_host else f"connect to the store at {where}"
         raise StartupError(
             f"rank {rank} could not {action}: {brief(error)}. Fix: "
@@ -141,6 +146,32 @@ def init_distributed(
         store_host_rank=None if agent_store else 0,
         roster=tuple(roster[r] for r in range(world_size)),
     )
+
+
+def hosted_store(address: str, port: int, *, timeout: float,
+                 world_size: int | None = None) -> TCPStore:
+    """A store hosted in this process that listens on ``address`` only (a ``TCPStore``
+    alone binds every interface, whatever host it is given); ``port`` 0 picks a free one
+    (``store.port`` says which).
+
+    Example:
+        >>> store = hosted_store("127.0.0.1", 0, timeout=5)
+        >>> store.set("k", "v"); store.get("k")
+        b'v'
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.create_server((address, port), family=family, backlog=128)
+    port = int(listener.getsockname()[1])
+    return TCPStore(address, port, world_size, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout),
+                    master_listen_fd=listener.detach())  # the store owns the socket now
+
+
+def _resolved(host: str) -> str | None:
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (OSError, IndexError):
+        return None
 
 
 def _reach_store(host: str, port: int, *, rank: int, deadline: float, timeout: float,
