@@ -224,3 +224,45 @@ def test_schedule_errors_name_the_commands_flags(argv: list[str], fix: str,
     err = capsys.readouterr().err
     assert fix in err
     assert "stages_per_rank" not in err and "num_microbatches" not in err and "num_ranks" not in err
+
+
+def test_every_schedule_of_the_same_ranks_prices_the_same_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Bug: every stage cost forward=1 whatever it held, so a schedule with two stages per
+    rank ran twice the model and looked slower than 1F1B."""
+    argv = ["--stages", "4", "--microbatches", "8"]
+    one_f_one_b = _json(capsys, "--schedule", "1f1b", *argv)
+    for name in ("interleaved-1f1b", "looped-bfs", "zb-v", "dualpipe-v"):
+        data = _json(capsys, "--schedule", name, *argv)
+        assert data["busy"] == one_f_one_b["busy"] == [24.0] * 4, name  # a rank's work
+        assert data["stage_layers"] == [1] * 8 and data["layers"] == 8
+        assert data["stage_costs"]["forward"] == [0.5] * 8  # type: ignore[index]
+    assert _json(capsys, "--schedule", "zb-v", *argv)["makespan"] == 25.5 < 33.0
+    assert one_f_one_b["makespan"] == 33.0 and one_f_one_b["stage_layers"] == [1] * 4
+
+
+def test_layers_price_the_stages_by_what_they_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--schedule", "1f1b", "--stages", "4", "--microbatches", "8",
+                 "--layers", "6", "--cost", "forward=1,communication=0.5")
+    assert data["stage_layers"] == [2, 2, 1, 1]
+    assert data["stage_costs"]["forward"] == pytest.approx([4 / 3, 4 / 3, 2 / 3, 2 / 3])  # type: ignore[index]
+    assert data["stage_costs"]["communication"] == [0.5] * 4  # type: ignore[index]
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8",
+                 "--layers", "6"]) == 0
+    text = capsys.readouterr().out
+    assert ("the figures assume a model of 6 equal layers, per stage 2, 2, 1, 1, whose share per "
+            "rank (1/4) costs forward=1, backward=2 (I and W 1 each); a stage: forward 0.666667 "
+            "to 1.33333, backward 1.33333 to 2.66667; no communication latency.") in text
+    assert main(["simulate", "--schedule", "zb-v", "--stages", "4", "--microbatches", "8",
+                 "--layers", "6"]) == 2
+    assert ("--layers 6 cannot fill the 8 stages of zb-v on 4 ranks (each stage holds at least "
+            "one layer); fix: --layers 8 or more") in capsys.readouterr().err
+
+
+def test_counts_of_one_are_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "1", "--microbatches", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "1f1b on 1 rank (1 stage), 1 micro-batch: makespan 3" in text
+    assert "a model of 1 equal layer," in text
+    assert not any(f"1 {noun}s" in text for noun in ("rank", "stage", "layer", "micro-batche"))

@@ -1,4 +1,11 @@
-"""``pipetrain simulate``: generate a schedule, simulate it, print the grid or JSON."""
+"""``pipetrain simulate``: generate a schedule, simulate it, print the grid or JSON.
+
+Stages are priced by the layers of the model they hold (:func:`~pipetrain.schedule.costs.model_costs`):
+``--cost`` prices one rank's share of the model, so every schedule of ``--stages K``
+ranks runs the same model, and a stage of a schedule with two stages per rank costs half
+as much as a stage of 1F1B. The model has ``--layers`` equal layers (default: one per
+stage); the output says what was assumed.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from pipetrain.schedule import (
     validate,
 )
 from pipetrain.schedule.async_stream import AsyncStream
+from pipetrain.schedule.costs import LAYER_COSTS, even_layers, model_costs
 from pipetrain.schedule.steady_state import steady_state, window_time
 
 __all__ = ["add_parser", "run"]
@@ -62,10 +70,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--cost",
         default="",
         metavar="SPEC",
-        help="per-action costs: forward, backward, backward_input, backward_weight, "
-             "communication (a message's latency), send (how long posting a message keeps "
-             "the sender busy), reduce, step; e.g. forward=1,backward=2,communication=0.1,"
-             "send=0.05; per stage: forward=1:1:2",
+        help="per-action costs of one rank's share of the model (1/K of it; a stage holding "
+             "part of that share costs its part): forward, backward, backward_input, "
+             "backward_weight, communication (a message's latency), send (how long posting a "
+             "message keeps the sender busy), reduce, step; e.g. forward=1,backward=2,"
+             "communication=0.1,send=0.05 (default forward=1, backward 2, I and W 1 each); "
+             "per stage, taken as given: forward=1:1:2",
+    )
+    parser.add_argument(
+        "--layers", type=int, metavar="L",
+        help="the model's equal layers, cut as evenly as whole layers allow into the "
+             "schedule's stages, which are priced by the layers they hold (default: one "
+             "layer per stage)",
     )
     parser.add_argument(
         "--steps",
@@ -124,14 +140,17 @@ def run(args: argparse.Namespace) -> int:
                 ("--microbatches", args.microbatches),
                 ("--virtual", args.virtual),
                 ("--steps", args.steps),
+                ("--layers", args.layers),
             )
             if value is not None and value < 1
         ]
         if bad:
             raise ValueError("; ".join(bad))
-        costs = Costs.parse(args.cost)
+        given = Costs.parse(args.cost)
         schedule = _schedule(args)
         name, virtual = schedule.name, schedule.num_stages // schedule.num_ranks
+        stage_layers = _stage_layers(schedule, args.layers)
+        costs = model_costs(given, num_ranks=schedule.num_ranks, stage_layers=stage_layers)
         result = simulate(schedule, costs)
         steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
         steps = 4 if args.steps is None else args.steps  # of an asynchronous schedule
@@ -154,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
             "microbatches": args.microbatches,
             "virtual": virtual,
             "num_stages": schedule.num_stages,
-            "costs": costs.to_dict(),
+            "costs": given.to_dict(),
+            "layers": sum(stage_layers),
+            "stage_layers": list(stage_layers),
+            "stage_costs": dataclasses.asdict(costs.per_stage(schedule.num_stages)),
             **result.to_dict(timeline=False),
         }
         if steady is not None:
@@ -165,13 +187,13 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(
         render_grid(schedule)
         + "\n\n"
-        + f"{name} on {args.stages} ranks ({schedule.num_stages} stages), "
-        f"{args.microbatches} micro-batches: makespan {result.makespan:g}, bubble "
+        + f"{name} on {_count(args.stages, 'rank')} ({_count(schedule.num_stages, 'stage')}), "
+        f"{_count(args.microbatches, 'micro-batch')}: makespan {result.makespan:g}, bubble "
         f"{result.bubble_fraction:.1%} of all ranks' time (idle per rank: "
         f"{', '.join(f'{i:g}' for i in result.idle)}), peak activations per rank: {peaks} "
         f"(micro-batches held between F and their last backward). The grid shows one "
-        f"column per action at unit cost; the figures use the costs "
-        f"{args.cost or 'forward=1 (backward 2, I and W 1 each)'}."
+        f"column per action at unit cost; the figures assume "
+        f"{pricing(args.cost, costs, schedule.num_ranks, stage_layers)}."
         + (f" Timeline written to {args.plot}." if args.plot else "")
         + "\n"
     )
@@ -189,6 +211,52 @@ def run(args: argparse.Namespace) -> int:
             "1f1b).\n"
         )
     return 0
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``; ``1 micro-batch``, ``8 micro-batches``."""
+    return f"{number} {noun}{'' if number == 1 else ('es' if noun.endswith('ch') else 's')}"
+
+
+def _stage_layers(schedule: Schedule, layers: int | None) -> tuple[int, ...]:
+    """The model's layers on each stage: ``--layers`` cut evenly, or one per stage."""
+    if layers is None:
+        return (1,) * schedule.num_stages
+    if layers < schedule.num_stages:
+        raise ValueError(
+            f"--layers {layers} cannot fill the {schedule.num_stages} stages of "
+            f"{schedule.name} on {_count(schedule.num_ranks, 'rank')} (each stage holds at "
+            f"least one layer); fix: --layers {schedule.num_stages} or more")
+    return even_layers(layers, schedule.num_stages)
+
+
+def pricing(cost: str, costs: Costs, num_ranks: int, stage_layers: tuple[int, ...]) -> str:
+    """What the simulation assumed about the model and its costs, in words (``cost``:
+    ``--cost`` as given; ``costs``: the per-stage costs it made).
+
+    Example:
+        >>> stage_layers = (1,) * 8
+        >>> pricing("", model_costs(Costs(), num_ranks=4, stage_layers=stage_layers), 4,
+        ...         stage_layers)
+        'a model of 8 equal layers, 1 per stage, whose share per rank (1/4) costs forward=1, backward=2 (I and W 1 each); a stage: forward 0.5, backward 1; no communication latency'
+    """
+    num_layers = sum(stage_layers)
+    placed = (f"{stage_layers[0]} per stage" if len(set(stage_layers)) == 1
+              else "per stage " + ", ".join(map(str, stage_layers)))
+    stage = costs.per_stage(len(stage_layers))
+
+    def span(values: tuple[float, ...]) -> str:
+        return f"{min(values):g}" if min(values) == max(values) else \
+            f"{min(values):g} to {max(values):g}"
+
+    text = (f"a model of {_count(num_layers, 'equal layer')}, {placed}, whose share per rank "
+            f"(1/{num_ranks}) costs {cost or 'forward=1, backward=2 (I and W 1 each)'}")
+    if any(isinstance(getattr(Costs.parse(cost), name), tuple) for name in LAYER_COSTS):
+        text += " (costs given per stage are taken as they are)"
+    text += f"; a stage: forward {span(stage.forward)}, backward {span(stage.backward)}"
+    if not any(stage.communication) and not any(stage.send):
+        text += "; no communication latency"
+    return text
 
 
 _LONG_RUN = 8

@@ -1,12 +1,18 @@
-"""Per-action costs for the simulator: how long each kind of action takes, per stage."""
+"""Per-action costs for the simulator: how long each kind of action takes, per stage.
+
+:func:`model_costs` prices the stages of a schedule by the layers they hold, so that
+schedules of the same ranks compare on the same model: a stage of a schedule with two
+stages per rank holds half a rank's layers and costs half as much.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
-__all__ = ["CostValue", "Costs", "StageCosts"]
+__all__ = ["LAYER_COSTS", "CostValue", "Costs", "StageCosts", "even_layers", "model_costs"]
 
 CostValue: TypeAlias = float | tuple[float, ...]
 """One cost for every stage, or a tuple with one cost per stage."""
@@ -174,3 +180,53 @@ class StageCosts:
 
 
 _NAMES = tuple(f.name for f in fields(Costs))
+
+LAYER_COSTS = ("forward", "backward", "backward_input", "backward_weight", "reduce", "step")
+"""The costs that grow with a stage's layers (its compute, its gradients' all-reduce and
+its optimizer step); a message's ``communication`` and ``send`` do not."""
+
+
+def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """``num_layers`` layers cut into ``num_stages`` contiguous stages as evenly as whole
+    layers allow (the first stages take the extra ones).
+
+    Raises:
+        ValueError: fewer layers than stages.
+
+    Example:
+        >>> even_layers(8, 4), even_layers(6, 4)
+        ((2, 2, 2, 2), (2, 2, 1, 1))
+    """
+    if num_layers < num_stages:
+        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages (each needs one); "
+                         f"fix: at least {num_stages} layers")
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (j < extra) for j in range(num_stages))
+
+
+def model_costs(costs: Costs, *, num_ranks: int, stage_layers: tuple[int, ...]) -> Costs:
+    """``costs`` of one rank's share of a model (``1 / num_ranks`` of it: what a stage
+    costs when each rank holds one) turned into per-stage costs for stages that hold
+    ``stage_layers`` of its equal layers: each of :data:`LAYER_COSTS` given as one
+    number is scaled by ``stage_layers[j] * num_ranks / sum(stage_layers)``; a cost given
+    per stage, and the message costs, are kept as they are.
+
+    Raises:
+        ValueError: a cost given per stage does not have one value per stage.
+
+    Example:
+        >>> scaled = model_costs(Costs(forward=1.0), num_ranks=2, stage_layers=(1, 1, 1, 1))
+        >>> scaled.forward, scaled.per_stage(4).backward  # a V schedule's stage: half a rank
+        ((0.5, 0.5, 0.5, 0.5), (1.0, 1.0, 1.0, 1.0))
+        >>> model_costs(Costs(forward=1.0), num_ranks=2, stage_layers=(2, 1)).forward
+        (1.3333333333333333, 0.6666666666666666)
+    """
+    costs.per_stage(len(stage_layers))  # per-stage costs fit the stages, or a ValueError
+    num_layers = sum(stage_layers)
+    shares = tuple(layers * num_ranks / num_layers for layers in stage_layers)
+    scaled = {}
+    for name in LAYER_COSTS:
+        value = getattr(costs, name)
+        if isinstance(value, float):
+            scaled[name] = tuple(value * share for share in shares)
+    return dataclasses.replace(costs, **scaled)
