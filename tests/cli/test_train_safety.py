@@ -193,6 +193,12 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
          ["--schedule zb-v runs 2 stages per rank (not --virtual 3)", "fix: --virtual 2"]),
         (["--lr", "-1"], ["argument --lr: must be above 0, got -1"]),
         (["--width", "30", "--heads", "4"], ["--width 30 is not divisible by --heads 4"]),
+        (["--lr", "1e300"], ["argument --lr: must be at most 3.4e+38"]),
+        (["--sample-bytes", "1000000000000"], ["argument --sample-bytes: must be at most 1,000,000"]),
+        (["--batch-size", "1000000000"], ["--batch-size 1000000000 x --context 16 token ids",
+                                          "fix: a smaller --batch-size"]),
+        (["--width", "100000000"], ["for --layers 1 --width 100000000 over --stages 2",
+                                    "fix: a smaller --batch-size, --context, --width"]),
     ],
 )
 def test_option_mistakes_are_named_in_flags_before_any_worker_starts(args: list[str], phrases: list[str]) -> None:

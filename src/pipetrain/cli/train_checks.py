@@ -9,6 +9,7 @@ launcher); it has no side effects, so every rank reaches the same verdict.
 from __future__ import annotations
 
 import argparse
+import os
 
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_inputs import corpus_problem, hf_problem, out_problem
@@ -24,6 +25,9 @@ def _option_problems(args: RunConfig) -> list[str]:
     from pipetrain.data import load_corpus
 
     problems = layout_problems(args) + _async_problems(args)
+    memory = _memory_problem(args)
+    if memory is not None:
+        problems.append(memory)
     too_many = stage_count_problem(args)
     if args.plan is None:
         found = config_problems(pipeline_fields(args), spell=flag)
@@ -58,6 +62,38 @@ def _option_problems(args: RunConfig) -> list[str]:
     short = corpus_problem(args, context_fixed=args.resume is not None)
     problems += [p for p in (corpus_error or short, hf_problem(args)) if p is not None]
     return problems
+
+
+def _physical_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _memory_problem(args: RunConfig) -> str | None:
+    """The built-in GPT's options that cannot fit this machine's memory, named: a lower
+    bound of what the workers here hold (each its batch of token ids, and its stage's
+    weights, gradients and AdamW state), against the machine's physical memory."""
+    total = _physical_memory()
+    if args.model != "gpt" or total is None:
+        return None
+    width, vocab = args.width, 256
+    params = args.layers * (12 * width * width + 13 * width) + (vocab + args.context) * width
+    params += 0 if not asynchronous(args) else vocab * width  # an untied head
+    batch = 8 * args.batch_size * (args.context + 1)  # int64 token ids
+    stage = 16 * params // args.stages
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", args.num_workers))
+    need = here * (batch + stage)
+    if need <= total:
+        return None
+    gib = 2.0**30
+    return (f"this job needs at least {need / gib:,.1f} GiB on this machine, which has "
+            f"{total / gib:,.1f} GiB: each of its {here} workers holds a batch of --batch-size "
+            f"{args.batch_size} x --context {args.context} token ids ({batch / gib:,.1f} GiB) and "
+            f"its stage's weights, gradients and AdamW state ({stage / gib:,.1f} GiB for --layers "
+            f"{args.layers} --width {args.width} over --stages {args.stages}); fix: a smaller "
+            "--batch-size, --context, --width or --layers, or more --stages")
 
 
 def _async_problems(args: RunConfig) -> list[str]:

@@ -90,7 +90,8 @@ class _GivenFlag(_Given):
         super().__call__(parser, namespace, True, option_string)
 
 
-def _number(kind: Callable[[str], Any], *, low: float, strict: bool, what: str) -> Callable[[str], Any]:
+def _number(kind: Callable[[str], Any], *, low: float, strict: bool, what: str,
+            high: float | None = None, why: str = "") -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         try:
             value = kind(text)
@@ -101,6 +102,9 @@ def _number(kind: Callable[[str], Any], *, low: float, strict: bool, what: str) 
         if value < low or (strict and value == low):
             bound = f"above {low:g}" if strict else f"at least {low:g}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        if high is not None and value > high:
+            shown = f"{int(high):,}" if float(high).is_integer() and high < 1e15 else f"{high:g}"
+            raise argparse.ArgumentTypeError(f"must be at most {shown} ({why}), got {text}")
         return value
 
     return convert
@@ -110,6 +114,11 @@ _positive_int = _number(int, low=1, strict=False, what="a positive integer")
 _count = _number(int, low=0, strict=False, what="an integer")
 _positive = _number(float, low=0.0, strict=True, what="a number")
 _non_negative = _number(float, low=0.0, strict=False, what="a number")
+_learning_rate = _number(float, low=0.0, strict=True, what="a number", high=3.4e38,
+                         why="the largest float32: the optimizers compute in float32")
+_sample_bytes = _number(int, low=0, strict=False, what="an integer", high=1_000_000,
+                        why="each byte runs the whole model once; "
+                            "`pipetrain sample` samples more from the checkpoint")
 
 
 def _rate(text: str) -> float:
@@ -156,7 +165,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(training, "--steps", type=_positive_int, default=1000,
         help="train up to this step (default 1000; with --resume, the total to reach)")
     add(training, "--batch-size", type=_positive_int, default=32, help="sequences per step (default 32)")
-    add(training, "--lr", type=_positive, default=1e-2, help="peak learning rate (default 1e-2)")
+    add(training, "--lr", type=_learning_rate, default=1e-2, help="peak learning rate (default 1e-2)")
     add(training, "--warmup", type=_count, default=50, help="linear warm-up steps (default 50)")
     add(training, "--clip", type=_non_negative, default=1.0,
         help="global gradient-norm clip (default 1.0; 0 = off)")
@@ -192,7 +201,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="run folder, new or empty (default runs/<date-time>; with --resume, the resumed run's)")
     add(data, "--resume", default=None, metavar="DIR",
         help="continue the run in DIR (a run folder, or a checkpoint folder) from its checkpoint")
-    add(data, "--sample-bytes", type=_count, default=300,
+    add(data, "--sample-bytes", type=_sample_bytes, default=300,
         help="bytes of text to sample at the end (default 300; 0 = none)")
     add(data, "--config", default=None, metavar="FILE",
         help="a TOML file of options (any option by name, e.g. steps = 2000 or [pipeline] "

@@ -59,8 +59,10 @@ def _find_resume(path: str, problems: list[str]) -> Resume | None:
     found, damaged = find_intact(source.checkpoint, checksums=False)
     if found is None or found.step is None:
         where = source.run_folder or path
-        if damaged:
-            listed = "; ".join(f"{c.path} (step {c.step}): {why}" for c, why in damaged)
+        unfinished = all(why.startswith("no .metadata") and c.step is None for c, why in damaged)
+        if damaged and not unfinished:
+            listed = "; ".join(f"{c.path}" + (f" (step {c.step})" if c.step is not None else "")
+                               + f": {why}" for c, why in damaged)
             problems.append(
                 f"--resume {path!r}: no intact checkpoint in {where!r}: {listed}; fix: "
                 "restore the damaged files, or start the run again without --resume")

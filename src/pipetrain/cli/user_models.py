@@ -26,10 +26,12 @@ The model is captured and cut like ``--model hf-gpt2`` (see ``docs/frontend.md``
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,8 @@ __all__ = ["UserModel", "build_user_model", "is_user_model", "lm_loss", "load_to
 
 BYTE_VOCAB = 256
 """The vocabulary of the byte-level corpus."""
+_KEYS = ("model", "loss", "split_points")
+"""The keys of the dict a model file's function may return."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
@@ -92,11 +96,15 @@ def user_model_problems(config: Any) -> list[str]:
             problems.append(f"--model {spec!r}: no file {path!r}; fix: the path of a Python file "
                             "and the function in it that builds the model, e.g. my_model.py:build")
         else:
-            with open(path, encoding="utf-8", errors="replace") as file:
-                text = file.read()
-            if f"def {function}(" not in text and f"{function} =" not in text:
-                problems.append(f"--model {spec!r}: {path!r} defines no {function!r}; fix: "
-                                f"--model {path}:NAME with the function that builds the model")
+            try:
+                builder = getattr(_import(path), function, None)
+            except Exception as error:  # the user's code: whatever it raises, named
+                problems.append(f"--model {spec!r}: importing {path!r} failed: {_where(error, path)}; "
+                                "fix: run `python " + path + "` to see the whole error")
+            else:
+                if not callable(builder):
+                    problems.append(f"--model {spec!r}: {path!r} defines no function {function!r}; "
+                                    f"fix: --model {path}:NAME with the function that builds the model")
     elif os.path.isdir(spec) and not os.path.isfile(os.path.join(spec, "config.json")):
         problems.append(f"--model {spec!r} is a folder without config.json; fix: the folder of a "
                         "Hugging Face model (config.json and its weights), or FILE.py:FUNCTION")
@@ -119,18 +127,40 @@ def load_tokenizer(config: Any) -> Any:
     return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
+def _import(path: str) -> Any:
+    """The module of the model file ``path``, imported once per process."""
+    name = f"pipetrain_user_model_{abs(hash(os.path.abspath(path)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"{path!r} cannot be imported as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _where(error: BaseException, path: str) -> str:
+    """``error`` in one line, with the line of ``path`` it comes from."""
+    line = getattr(error, "lineno", None) if isinstance(error, SyntaxError) else None
+    if line is None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(path)]
+        line = frames[-1].lineno if frames else None
+    text = " ".join(str(getattr(error, "msg", None) or error).split())[:300]
+    return f"{type(error).__name__}" + (f" at line {line}" if line else "") + f": {text}"
+
+
 def _call_builder(spec: str, config: Any, vocab_size: int) -> Any:
     found = _file_and_function(spec)
     assert found is not None
     path, function = found
-    name = f"pipetrain_user_model_{abs(hash(os.path.abspath(path)))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"--model {spec!r}: {path!r} cannot be imported as Python")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    module_spec.loader.exec_module(module)
-    builder = getattr(module, function, None)
+    builder = getattr(_import(path), function, None)
     if not callable(builder):
         raise ValueError(f"--model {spec!r}: {path!r} has no function {function!r}")
     offered = {"vocab_size": vocab_size, "context": config.context, "seed": config.seed}
@@ -162,6 +192,14 @@ def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
         return UserModel(model=model, loss_fn=lm_loss, weights=spec if has_weights else None)
     built = _call_builder(spec, config, vocab_size)
     parts = built if isinstance(built, dict) else {"model": built}
+    unknown = sorted(set(parts) - set(_KEYS), key=str)
+    if unknown:
+        hints = [f"{key!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+                 str(key), _KEYS, n=1)) else "") for key in unknown]
+        raise ValueError(
+            f"--model {spec!r} returned a dict with key(s) pipetrain does not read: {', '.join(hints)}; "
+            f"the keys it reads are {', '.join(_KEYS)} (the optimizer and LR schedule come from "
+            "--lr, --warmup and --clip); fix: rename or remove them")
     model = parts.get("model")
     if not isinstance(model, nn.Module):
         raise ValueError(
