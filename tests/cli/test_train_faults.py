@@ -322,4 +322,4 @@ def test_the_non_finite_message_names_a_fix_that_changes_something(tmp_path: Pat
     assert done.returncode == 1
     line = _last_line(done.stderr)
     assert "is not finite" in line and "--clip" not in line, line
-    assert "a lower --lr (now 1e+09, e.g. --lr 1e+08)" in line and f"--resume {out}" in line
+    assert "a lower --lr (now 1000000000, e.g. --lr 100000000)" in line and f"--resume {out}" in line

@@ -9,6 +9,7 @@ a non-finite step, Ctrl-C / SIGTERM, a failed sample — the records are written
 from __future__ import annotations
 
 import argparse
+import decimal
 import logging
 import os
 import sys
@@ -52,12 +53,23 @@ from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.trace import ProgressBar, measure_step
 
-__all__ = ["train_worker"]
+__all__ = ["plain_number", "train_worker"]
 
 logger = logging.getLogger(__name__)
 
 _CLEANUP_SECONDS = 10.0
 """Seconds a worker whose peers failed gets to clean up before it ends anyway."""
+
+
+def plain_number(value: float) -> str:
+    """``value`` as a plain decimal, the way a user types it (no exponent).
+
+    Example:
+        >>> plain_number(1e8), plain_number(1e-2 / 10), plain_number(3e-6), plain_number(2.5)
+        ('100000000', '0.001', '0.000003', '2.5')
+    """
+    text = format(decimal.Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def train_worker(args: argparse.Namespace) -> int:
@@ -305,7 +317,8 @@ class _Run:
         raise RunStopped(
             f"step {error.step} is not finite (loss {error.loss:.6g}, gradient norm "
             f"{error.grad_norm:.6g}); no stage applied its update and {kept}. Fix: a lower "
-            f"--lr (now {self.args.lr:g}, e.g. --lr {self.args.lr / 10:g}){clip}, then "
+            f"--lr (now {plain_number(self.args.lr)}, e.g. --lr {plain_number(self.args.lr / 10)})"
+            f"{clip}, then "
             f"--resume {self.args.folder}; or --nonfinite skip to skip such steps"
         ) from None
 
