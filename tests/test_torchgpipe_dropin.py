@@ -372,6 +372,56 @@ def test_isolate_accepts_what_torchgpipe_accepts():
         skippable_layers(pipetrain)["Stash"]().isolate(ns, only=["a", "not-declared"])
 
 
+# -- hooks on partitions -------------------------------------------------------------------
+
+
+def hooked_calls(package: Any, *, grad: bool, training: bool, checkpoint: str = "never",
+                 backward: bool = False) -> list[tuple[Any, ...]]:
+    """What a forward hook on ``partitions[0]`` of a 2-partition GPipe saw during one
+    call (and its backward): per call, the output's shape, whether it has a grad_fn, and
+    its value."""
+    torch.manual_seed(0)
+    model = package.GPipe(nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1)), [2, 1],
+                          devices=["cpu", "cpu"], chunks=2, checkpoint=checkpoint)
+    model.train(training)
+    seen: list[tuple[Any, ...]] = []
+    model.partitions[0].register_forward_hook(
+        lambda module, input, output: seen.append(
+            (tuple(output.shape), output.grad_fn is None, output.detach().clone())))
+    x = torch.arange(12.0).reshape(4, 3) / 10
+    with torch.set_grad_enabled(grad):
+        output = model(x)
+    if backward:
+        output.sum().backward()
+    return seen
+
+
+@pytest.mark.parametrize(("grad", "training"), [(False, True), (True, True), (False, False)],
+                         ids=["no-grad", "train", "eval"])
+def test_a_forward_hook_on_a_partition_fires_as_in_torchgpipe(grad, training):
+    # torchgpipe's test_no_grad hooks model.partitions[0] and reads the output it saw
+    theirs = hooked_calls(torchgpipe, grad=grad, training=training)
+    ours = hooked_calls(pipetrain, grad=grad, training=training)
+    assert len(theirs) == 2  # once per micro-batch
+    assert [s[:2] for s in ours] == [s[:2] for s in theirs]
+    assert all(torch.allclose(a[2], b[2]) for a, b in zip(ours, theirs))
+    assert all(no_grad_fn for _, no_grad_fn, _ in ours) is not grad
+
+
+def test_a_hook_on_a_checkpointed_partition_fires_again_in_recomputation():
+    theirs = hooked_calls(torchgpipe, grad=True, training=True, checkpoint="always",
+                          backward=True)
+    ours = hooked_calls(pipetrain, grad=True, training=True, checkpoint="always",
+                        backward=True)
+    # 2 forwards without graph, 2 recomputations with one (torchgpipe recomputes the
+    # last micro-batch first, pipetrain the first: compared in order of value)
+    assert len(ours) == len(theirs) == 4
+    assert [s[1] for s in ours] == [s[1] for s in theirs] == [True, True, False, False]
+    for a, b in zip(sorted(ours[2:], key=lambda s: float(s[2].sum())),
+                    sorted(theirs[2:], key=lambda s: float(s[2].sum()))):
+        assert torch.allclose(a[2], b[2])
+
+
 # -- pipetrain.balance --------------------------------------------------------------------
 
 
@@ -458,6 +508,36 @@ def test_balance_by_size_on_the_cpu_gives_torchgpipes_partitions(partitions):
     theirs = torchgpipe.balance.balance_cost(weights, partitions)
     assert pipetrain.balance.balance_by_size(partitions, model, x, chunks=4, param_scale=3.0,
                                              device="cpu") == theirs
+
+
+class Expand(nn.Module):
+    """torchgpipe's test layer: adds ``times`` fresh tensors that require grad, which
+    its graph keeps (``memory_allocated`` grows by ``times + 1`` tensors of the input's
+    size)."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.times):
+            x = x + torch.rand_like(x, requires_grad=True)
+        return x
+
+
+@pytest.mark.parametrize(("times", "expected"), [([1, 2, 3, 4, 5, 6], [4, 2]),
+                                                 ([6, 5, 4, 3, 2, 1], [2, 4])])
+def test_balance_by_size_counts_the_tensors_a_graph_keeps_as_torchgpipe(times, expected):
+    # torchgpipe's test_balance_by_size_latent (on CUDA there; torchgpipe refuses the CPU)
+    from pipetrain.partition import profile_sizes
+
+    model, sample = nn.Sequential(*[Expand(i) for i in times]), torch.rand(10, 100, 100)
+    row = -(-100 * 100 * 4 // 512) * 512  # one sample, in whole 512-byte blocks
+    assert profile_sizes(model, sample, chunks=1, param_scale=2.0,
+                         device=torch.device("cpu")) == [(i + 1) * row * 10 for i in times]
+    assert pipetrain.balance.balance_by_size(2, model, sample, device="cpu") == expected
+    with pytest.raises(ValueError, match="supports only CUDA"):
+        torchgpipe.balance.balance_by_size(2, model, sample, device="cpu")
 
 
 def test_where_torchgpipes_solver_misses_the_optimum_pipetrain_balances_better():

@@ -345,6 +345,7 @@ class GPipe(nn.Module):
                     first_layer=sum(self.balance[:j]),
                     fuse_weight_gradients=self.fuse_weight_gradients,
                     autocast=self._autocast,
+                    module_hooks=True,  # hooks on a partition fire, as in torchgpipe
                 )
                 if cpu is not None and device.type == "cpu":
                     stage.gradient_pool = cpu.gradient_pool()

@@ -23,6 +23,7 @@ __all__ = [
     "OptimizerFactory",
     "SavedTensors",
     "cuda_block_bytes",
+    "graph_leaves",
     "latent_bytes",
     "optimizer_state_bytes",
     "storage_bytes",
@@ -153,11 +154,38 @@ def optimizer_state_bytes(params: list[nn.Parameter], factory: OptimizerFactory)
     return storage_bytes(state)
 
 
+def graph_leaves(outputs: Iterable[Tensor], *, inputs: Iterable[Tensor] = ()) -> list[Tensor]:
+    """The leaf tensors that the autograd graphs of ``outputs`` keep alive (each node that
+    accumulates a gradient holds its tensor: parameters, inputs, and tensors created with
+    ``requires_grad=True`` in the forward), not looking past the graphs of ``inputs``.
+
+    Example:
+        >>> w = torch.ones(2, requires_grad=True)
+        >>> [tuple(t.shape) for t in graph_leaves([w * torch.rand(2, requires_grad=True)])]
+        [(2,), (2,)]
+    """
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    seen: set[Any] = {t.grad_fn for t in inputs if t.grad_fn is not None}
+    leaves: list[Tensor] = []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node's tensor
+        if isinstance(variable, Tensor):
+            leaves.append(variable)
+        stack.extend(following for following, _ in node.next_functions)
+    return leaves
+
+
 def latent_bytes(layer: nn.Module, value: Any) -> tuple[int, Any]:
     """(bytes a forward of ``layer`` on ``value`` leaves allocated on CUDA, its output).
 
-    What stays allocated after the forward: the output and the tensors saved for
-    backward, each distinct storage counted once in CUDA's 512-byte blocks, leaving out
+    What stays allocated after the forward: the output, the tensors saved for backward
+    and the leaf tensors its graph holds (:func:`graph_leaves`: e.g. a
+    ``torch.rand_like(x, requires_grad=True)`` added to the input), each distinct storage
+    counted once in CUDA's 512-byte blocks, leaving out
     the storages that existed before (the input's, parameters and buffers), as
     ``torch.cuda.memory_allocated`` after minus before counts them (torchgpipe's
     ``profile_sizes``), on any device.
@@ -172,6 +200,8 @@ def latent_bytes(layer: nn.Module, value: Any) -> tuple[int, Any]:
                                         *layer.buffers())}
     with SavedTensors() as saved:
         output = layer(value)
-    latent = storage_bytes((*iter_tensors(output), *saved.tensors), exclude=before,
+    outputs = list(iter_tensors(output))
+    held = graph_leaves(outputs, inputs=iter_tensors(value))
+    latent = storage_bytes((*outputs, *saved.tensors, *held), exclude=before,
                            booked=cuda_block_bytes)
     return latent, output

@@ -24,6 +24,7 @@ The message between stages ``j`` and ``j + 1`` is the stage output itself, or
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,25 @@ def _announce(tensor: torch.Tensor, differentiable: bool) -> bool:
     return differentiable and (tensor.is_floating_point() or tensor.is_complex())
 
 
+@contextlib.contextmanager
+def _seeding_hooks(layers: Sequence[nn.Module], enter: LayerHook,
+                   first_layer: int) -> Iterator[None]:
+    """Forward pre-hooks that call ``enter(first_layer + l)`` before the ``l``-th layer
+    call, while the block runs (a layer listed twice is entered at each position)."""
+    positions = itertools.count(first_layer)
+
+    def seed(*_: Any) -> None:
+        enter(next(positions))
+
+    handles = [layer.register_forward_pre_hook(seed, prepend=True)
+               for layer in dict.fromkeys(layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class StageCompute:
     """Runs one stage's layers on micro-batches: forward, backward, split backward.
 
@@ -76,7 +96,10 @@ class StageCompute:
     leave with the output (empty without skip connections). With ``rng`` every forward
     runs the layers of ``module`` (its children if it is an ``nn.Sequential``, else the
     module itself) one by one, layer ``l`` of them seeded as global layer
-    ``first_layer + l`` (see :mod:`.rng`). With ``autocast`` (a dtype) the forward, its
+    ``first_layer + l`` (see :mod:`.rng`). With ``module_hooks`` a seeded forward still
+    calls ``module`` as a whole, so that forward hooks registered on it fire (as
+    torchgpipe calls each partition), its layers seeded from forward pre-hooks added for
+    the call (about 10 us per layer). With ``autocast`` (a dtype) the forward, its
     recomputation and the loss run under ``torch.autocast`` (see :mod:`.precision`).
 
     Example:
@@ -100,8 +123,10 @@ class StageCompute:
         first_layer: int = 0,
         fuse_weight_gradients: bool = True,
         autocast: torch.dtype | None = None,
+        module_hooks: bool = False,
     ) -> None:
         self.module = module
+        self.module_hooks = module_hooks
         self.stage_index = stage_index
         self.device = device
         self.skips_in = tuple(skips_in)
@@ -142,9 +167,13 @@ class StageCompute:
             return run_with_skips(self.module, value, skips)
         tracker = SkipTracker(skips)
         with use_skip_tracker(tracker):
-            for index, layer in enumerate(self.layers, start=self.first_layer):
-                enter(index)
-                value = layer(value)
+            if self.module_hooks:
+                with _seeding_hooks(self.layers, enter, self.first_layer):
+                    value = self.module(value)
+            else:
+                for index, layer in enumerate(self.layers, start=self.first_layer):
+                    enter(index)
+                    value = layer(value)
         return value, tracker.remaining()
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
