@@ -9,9 +9,9 @@ process's share of the cores as a worker of a ``--stages x --replicas`` run has 
 Every layer is timed ``--repetitions`` times; the spread of those times is reported per
 layer, with a warning when it is large (a busy machine: profile again when it is quiet).
 The profile records the model's identity, so ``pipetrain train --plan`` refuses a plan
-made for another model.
+made for another model. A progress line counts the layers measured.
 
-    pipetrain profile --layers 8 --width 256 --output profile.json
+    pipetrain profile --layers 8 --width 256 --out profile.json
     pipetrain plan --profile profile.json --workers 2 --bandwidth 1e9 --out plan.json
     pipetrain train --layers 8 --width 256 --plan plan.json
 """
@@ -36,12 +36,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "profile", help="measure every layer of a run's model for `pipetrain plan`",
         description="Profile the model that `pipetrain train` with the same options would "
-                    "train (every train option is accepted; the model, data and batch ones "
-                    "matter) and write the profile for `pipetrain plan`.")
+                    "train (every train option but --out and --resume is accepted; the model, "
+                    "data and batch ones matter) and write the profile for `pipetrain plan`.",
+        conflict_handler="resolve")  # --out and --resume replace train's
     add_train_arguments(parser)
     extra = parser.add_argument_group("profile")
-    extra.add_argument("--output", default="profile.json", metavar="FILE",
+    extra.add_argument("--out", dest="output", default="profile.json", metavar="FILE",
                        help="the profile file to write (default profile.json)")
+    extra.add_argument("--output", dest="output", default="profile.json", help=argparse.SUPPRESS)
+    extra.add_argument("--resume", default=None, help=argparse.SUPPRESS)
     extra.add_argument("--repetitions", type=int, default=20,
                        help="timed repetitions of each layer (default 20; their median counts)")
     extra.add_argument("--device", default=None,
@@ -49,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     extra.add_argument("--threads", type=int, default=None,
                        help="intra-op threads (default: the cores a worker of the run gets: "
                             "cores / (stages x replicas))")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, out=None)
     return parser
 
 
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     """Profile the run's model; 2 with the problems on bad input."""
     from pipetrain.cli.train_checks import prepare
 
+    if args.resume is not None:
+        return _fail([f"--resume {args.resume!r}: pipetrain profile measures a model, it does "
+                      "not continue a run; fix: give the run's model options (or its --config "
+                      "file) without --resume"])
     config, _, problems = prepare(args)
     problems = [p for p in problems if not p.startswith(("--out", "the default --out"))]
     if args.repetitions < 3:
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from pipetrain.cli.run_model import profile_inputs, run_dataset
     from pipetrain.cli.train_options import gpt_config
     from pipetrain.plan.profiler import profile_model
+    from pipetrain.trace import ProgressBar
 
     workers = config.num_workers
     threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
@@ -88,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
         microbatch = max(1, rows // config.microbatches)
         sys.stderr.write(f"profiling {len(layers)} layers at micro-batches of {microbatch} "
                          f"(and batches of {rows}), {args.repetitions} repetitions, "
-                         f"{threads} thread(s)...\n")
-        profile = profile_model(layers, sample, microbatch_size=microbatch, loss_fn=loss_fn,
-                                target=targets, repetitions=args.repetitions,
-                                device=args.device)
+                         f"{threads} thread{'' if threads == 1 else 's'}...\n")
+        with ProgressBar(len(layers), unit="layer", log_every_steps=1) as bar:
+            profile = profile_model(layers, sample, microbatch_size=microbatch, loss_fn=loss_fn,
+                                    target=targets, repetitions=args.repetitions,
+                                    device=args.device,
+                                    progress=lambda done, total: bar.update(done))
     finally:
         torch.set_num_threads(before)
     if config.model == "gpt":

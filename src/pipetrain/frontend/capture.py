@@ -117,9 +117,9 @@ def _program(model: nn.Module, named: dict[str, Any]) -> tuple[ExportedProgram, 
         try:
             return _export(model, named, dynamic=True), True
         except Exception as dynamic_error:
-            logger.info("capture with dynamic dims failed (%s); capturing static shapes",
-                        str(dynamic_error).splitlines()[0][:200] if str(dynamic_error) else
-                        type(dynamic_error).__name__)
+            logger.debug("capture with dynamic dims failed (%s); capturing static shapes",
+                         str(dynamic_error).splitlines()[0][:200] if str(dynamic_error) else
+                         type(dynamic_error).__name__)
             try:
                 return _export(model, named, dynamic=False), False
             except Exception as error:

@@ -58,8 +58,8 @@ def training_kwargs(model: nn.Module, named: dict[str, Any]) -> dict[str, Any]:
             "use_cache out (pipetrain then turns the cache off)"
         )
     if "use_cache" not in named:
-        logger.info("%s: capturing with use_cache=False (training uses no key-value cache)",
-                    type(model).__name__)
+        logger.debug("%s: capturing with use_cache=False (training uses no key-value cache)",
+                     type(model).__name__)
         return {**named, "use_cache": False}
     return named
 

@@ -172,9 +172,9 @@ class CapturedModel(Sequence[Callable[[], nn.Module]]):
         for at, plan in made:
             if plan.captured.sizes.why_not(sizes) is None:
                 return at
-        logger.info("%s: the graph captured on the example does not serve a batch of %s (%s); "
-                    "capturing the model for these sizes", type(self.model).__name__,
-                    sizes, reason)
+        logger.debug("%s: the graph captured on the example does not serve a batch of %s (%s); "
+                     "capturing the model for these sizes", type(self.model).__name__,
+                     sizes, reason)
         return sizes
 
     def plan_for(self, sizes: Sizes | None) -> UnitPlan:

@@ -76,7 +76,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,6 +322,7 @@ def profile_model(
     repetitions: int = 5,
     loss_fn: LossFn | None = None,
     target: Any = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Profile:
     """Measure every layer of a sequential model (see the module docstring for the fields).
 
@@ -330,7 +331,8 @@ def profile_model(
     device if there is one, else the CPU; ``dtype`` converts the layers and ``sample``'s
     floating-point tensors. ``optimizer`` is ``"sgd"``, ``"adam"``, ``"adamw"`` or a
     callable that builds one from a parameter list. ``loss_fn(output, target)`` gives the
-    last layer's backward a loss (without it: a gradient of ones).
+    last layer's backward a loss (without it: a gradient of ones). ``progress(done,
+    total)`` is called as each layer's measurement ends.
 
     Raises:
         ValueError: no layers, a bad setting (all are reported at once), a layer that
@@ -365,7 +367,7 @@ def profile_model(
         targets=(on_device(first_rows(target, size)),
                  on_device(first_rows(target, microbatch_size or size))),
     )
-    _logger.info("profiling %d layers on %s at batch size %d", len(sources), device, size)
+    _logger.debug("profiling %d layers on %s at batch size %d", len(sources), device, size)
     records: list[LayerProfile] = []
     signatures: list[LayerSignature] = []
     first_dtype = dtype
@@ -378,6 +380,8 @@ def profile_model(
             signatures.append(signature)
             full, counted = memory.output, memory.output_counted
             first_dtype = first_dtype or memory.dtype
+            if progress is not None:
+                progress(index + 1, len(sources))
     return Profile(
         layers=tuple(records),
         device=str(device),

@@ -25,7 +25,8 @@ class ProgressBar:
     the last line written (the first and the last step are always written). The ETA
     comes from the mean time per step since the bar was made (``initial_step`` is where
     a resumed run starts). :meth:`close` ends the line (and writes the last update if a
-    non-terminal stream has not seen it); the bar is also a context manager.
+    non-terminal stream has not seen it); the bar is also a context manager. ``unit``
+    names what is counted (``step``; ``layer`` for ``pipetrain profile``).
 
     Example:
         >>> import io
@@ -50,6 +51,7 @@ class ProgressBar:
         log_every_seconds: float = 30.0,
         initial_step: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        unit: str = "step",
     ) -> None:
         problems = []
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
@@ -71,6 +73,7 @@ class ProgressBar:
         self.log_every_seconds = log_every_seconds
         self.initial_step = initial_step
         self.clock = clock
+        self.unit = unit
         self.tty = _isatty(self.stream)
         self._started = clock()
         self._line = ""  # the last update's line
@@ -159,7 +162,7 @@ class ProgressBar:
         elapsed = now - self._started
         if 0 < done and elapsed > 0 and step < total:
             parts.append(f"ETA {format_duration(elapsed / done * (total - step))}")
-        head = f"step {step}/{total} [{self._bar(step)}]"
+        head = f"{self.unit} {step}/{total} [{self._bar(step)}]"
         return " ".join([head, "  ".join(parts)]) if parts else head
 
     def _bar(self, step: int) -> str:
