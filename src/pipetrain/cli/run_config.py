@@ -155,7 +155,7 @@ class RunConfig:
             layout = (f"{len(self.stage_replicas)} stages (replicas "
                       f"{', '.join(map(str, self.stage_replicas))})")
         else:
-            layout = f"{self.stages} stages x {self.replicas} replica{'s' * (self.replicas != 1)}"
+            layout = f"{self.stages} stage{'s' * (self.stages != 1)} x {self.replicas} replica{'s' * (self.replicas != 1)}"
         if self.stages_per_rank > 1:
             layout += f", {self.stages_per_rank} per rank"
         return (f"{self.schedule}, {layout}, {self.microbatches} "

@@ -63,8 +63,9 @@ def report(out: str, records: RunRecords, sample: str | None) -> None:
     if first is None or last is None:
         return
     count = records.session_count
-    trained = (f"trained {count} steps ({first['step']}-{last['step']})"
-               if first["step"] > 1 else f"trained {count} steps")
+    steps = f"{count} step{'s' * (count != 1)}"
+    trained = (f"trained {steps} ({first['step']}-{last['step']})"
+               if first["step"] > 1 else f"trained {steps}")
     validated = (f" (validation {last['val_loss']:.3f})"
                  if isinstance(last.get("val_loss"), float) else "")
     files = ["metrics.json", "steps.jsonl", "timeline.png", "loss.png", "trace.json",
