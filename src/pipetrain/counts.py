@@ -1,4 +1,5 @@
-"""Whole numbers given as counts: ``4``, ``4.0`` or a NumPy integer, as torchgpipe accepts.
+"""Counts: whole numbers given as ``4``, ``4.0`` or a NumPy integer, as torchgpipe accepts,
+and counts in words (``1 stage``, ``4 stages``).
 
 torchgpipe passes ``chunks`` through ``int()`` and compares balance entries with
 ``==``, so code written for it may say ``chunks=n / 2`` or ``balance=[2.0, 2.0]``.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numbers
 import operator
 
-__all__ = ["whole_number"]
+__all__ = ["count_of", "whole_number"]
 
 
 def whole_number(value: object) -> int | None:
@@ -37,3 +38,20 @@ def whole_number(value: object) -> int | None:
         number = float(value)
         return int(number) if number.is_integer() else None
     return None
+
+
+def count_of(number: int, noun: str, plural: str | None = None) -> str:
+    """``number`` and ``noun``, plural unless ``number`` is 1 (``plural``, else ``noun``
+    with ``es`` after ``ch``, ``sh``, ``s`` or ``x``, else ``s``).
+
+    Example:
+        >>> count_of(1, "stage"), count_of(4, "stage"), count_of(8, "micro-batch")
+        ('1 stage', '4 stages', '8 micro-batches')
+        >>> count_of(2, "process"), count_of(1, "replica"), count_of(3, "entry", "entries")
+        ('2 processes', '1 replica', '3 entries')
+    """
+    if number == 1:
+        return f"{number} {noun}"
+    if plural is None:
+        plural = noun + ("es" if noun.endswith(("ch", "sh", "s", "x")) else "s")
+    return f"{number} {plural}"

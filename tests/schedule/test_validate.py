@@ -122,7 +122,7 @@ def test_error_reports_every_problem_then_the_grid() -> None:
     assert len(error.problems) == 3
     text = str(error)
     assert text.startswith(
-        "schedule 'hand-made' (1 ranks, 1 stages, 2 micro-batches) has 3 problems:\n"
+        "schedule 'hand-made' (1 rank, 1 stage, 2 micro-batches) has 3 problems:\n"
     )
     assert "  - rank 0, position 0: 0B0 runs before 0F0\n" in text
     assert "  - 0F1 is missing (rank 0)\n" in text

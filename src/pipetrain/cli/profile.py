@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from pipetrain.cli.train_options import add_train_arguments
+from pipetrain.counts import count_of
 
 __all__ = ["SPREAD_WARNING", "add_parser", "run"]
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             config, gpt_config(config), dataset, vocab_size=tokenizer.vocab_size)
         rows = max(1, config.batch_size // config.replicas)
         microbatch = max(1, rows // config.microbatches)
-        sys.stderr.write(f"profiling {len(layers)} layers at micro-batches of {microbatch} "
+        sys.stderr.write(f"profiling {count_of(len(layers), 'layer')} at micro-batches of {microbatch} "
                          f"(and batches of {rows}), {args.repetitions} repetitions, "
                          f"{threads} thread{'' if threads == 1 else 's'}...\n")
         with ProgressBar(len(layers), unit="layer", log_every_steps=1) as bar:

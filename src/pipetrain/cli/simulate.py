@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any
 
+from pipetrain.counts import count_of
 from pipetrain.schedule import (
     ASYNC_SCHEDULES,
     SCHEDULE_NAMES,
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"pipetrain simulate: error: {in_flags(str(error))}\n")
         return 2
     if args.plot:
-        title = f"{name}: {args.stages} ranks, {args.microbatches} micro-batches"
+        title = f"{name}: {count_of(args.stages, 'rank')}, {count_of(args.microbatches, 'micro-batch')}"
         try:
             render_timeline(result.timeline, args.plot, title=title)
         except (OSError, ValueError) as error:
@@ -187,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(
         render_grid(schedule)
         + "\n\n"
-        + f"{name} on {_count(args.stages, 'rank')} ({_count(schedule.num_stages, 'stage')}), "
-        f"{_count(args.microbatches, 'micro-batch')}: makespan {result.makespan:g}, bubble "
+        + f"{name} on {count_of(args.stages, 'rank')} ({count_of(schedule.num_stages, 'stage')}), "
+        f"{count_of(args.microbatches, 'micro-batch')}: makespan {result.makespan:g}, bubble "
         f"{result.bubble_fraction:.1%} of all ranks' time (idle per rank: "
         f"{', '.join(f'{i:g}' for i in result.idle)}), peak activations per rank: {peaks} "
         f"(micro-batches held between F and their last backward). The grid shows one "
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             f"the {steps} step{'s' if steps != 1 else ''} of {args.microbatches} above, without "
             f"flushes: {steady['average_per_microbatch']:g} per micro-batch, fill and drain "
             "included; "
-            f"1f1b with a flush every {args.microbatches} micro-batches: "
+            f"1f1b with a flush every {count_of(args.microbatches, 'micro-batch')}: "
             f"{steady['one_f_one_b_per_microbatch']:g} per micro-batch "
             f"({steady['speedup_over_1f1b']:.2f}x). Pipeline.train_step ends each step on "
             f"every rank together: {steady['per_microbatch_in_steps']:g} per micro-batch "
@@ -213,11 +214,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(number: int, noun: str) -> str:
-    """``1 rank``, ``2 ranks``; ``1 micro-batch``, ``8 micro-batches``."""
-    return f"{number} {noun}{'' if number == 1 else ('es' if noun.endswith('ch') else 's')}"
-
-
 def _stage_layers(schedule: Schedule, layers: int | None) -> tuple[int, ...]:
     """The model's layers on each stage: ``--layers`` cut evenly, or one per stage."""
     if layers is None:
@@ -225,7 +221,7 @@ def _stage_layers(schedule: Schedule, layers: int | None) -> tuple[int, ...]:
     if layers < schedule.num_stages:
         raise ValueError(
             f"--layers {layers} cannot fill the {schedule.num_stages} stages of "
-            f"{schedule.name} on {_count(schedule.num_ranks, 'rank')} (each stage holds at "
+            f"{schedule.name} on {count_of(schedule.num_ranks, 'rank')} (each stage holds at "
             f"least one layer); fix: --layers {schedule.num_stages} or more")
     return even_layers(layers, schedule.num_stages)
 
@@ -249,7 +245,7 @@ def pricing(cost: str, costs: Costs, num_ranks: int, stage_layers: tuple[int, ..
         return f"{min(values):g}" if min(values) == max(values) else \
             f"{min(values):g} to {max(values):g}"
 
-    text = (f"a model of {_count(num_layers, 'equal layer')}, {placed}, whose share per rank "
+    text = (f"a model of {count_of(num_layers, 'equal layer')}, {placed}, whose share per rank "
             f"(1/{num_ranks}) costs {cost or 'forward=1, backward=2 (I and W 1 each)'}")
     if any(isinstance(getattr(Costs.parse(cost), name), tuple) for name in LAYER_COSTS):
         text += " (costs given per stage are taken as they are)"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipetrain.counts import count_of
 from pipetrain.plan.plan_file import Plan, PlanStage
 
 __all__ = ["describe_nodes", "render_plan"]
@@ -96,7 +97,7 @@ def render_plan(plan: Plan) -> str:
     if one is not None:
         speedups.append(f"{one:.2f}x over one worker")
     if data is not None:
-        speedups.append(f"{data:.2f}x over data parallelism on {plan.num_workers} workers")
+        speedups.append(f"{data:.2f}x over data parallelism on {count_of(plan.num_workers, 'worker')}")
     if speedups:
         lines.append("speedup: " + ", ".join(speedups))
     lines.append(

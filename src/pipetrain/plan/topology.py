@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipetrain.counts import count_of
+
 __all__ = ["Level", "Topology"]
 
 
@@ -121,7 +123,7 @@ class Topology:
         """A one-line description (``'4 workers at 1e+09 B/s'``)."""
         if len(self.levels) == 1:
             level = self.levels[0]
-            return f"{level.num_workers} workers at {level.bandwidth:.3g} B/s"
+            return f"{count_of(level.num_workers, 'worker')} at {level.bandwidth:.3g} B/s"
         counts = " x ".join(str(level.num_workers) for level in self.levels)
         parts = ", ".join(f"{lv.num_workers} at {lv.bandwidth:.3g} B/s" for lv in self.levels)
         return f"{counts} workers ({parts})"

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
+from pipetrain.counts import count_of
+
 __all__ = ["LAYER_COSTS", "CostValue", "Costs", "StageCosts", "even_layers", "model_costs"]
 
 CostValue: TypeAlias = float | tuple[float, ...]
@@ -90,7 +92,8 @@ class Costs:
             ValueError: a per-stage tuple does not have ``num_stages`` values.
         """
         problems = [
-            f"{name} has {len(value)} values but the schedule has {num_stages} stages"
+            f"{name} has {count_of(len(value), 'value')} but the schedule has "
+            f"{count_of(num_stages, 'stage')}"
             for name in _NAMES
             if isinstance(value := getattr(self, name), tuple) and len(value) != num_stages
         ]
@@ -198,8 +201,9 @@ def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
         ((2, 2, 2, 2), (2, 2, 1, 1))
     """
     if num_layers < num_stages:
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} stages (each needs one); "
-                         f"fix: at least {num_stages} layers")
+        raise ValueError(f"{count_of(num_layers, 'layer')} cannot fill "
+                         f"{count_of(num_stages, 'stage')} (each needs one); fix: at least "
+                         f"{count_of(num_stages, 'layer')}")
     base, extra = divmod(num_layers, num_stages)
     return tuple(base + (j < extra) for j in range(num_stages))
 

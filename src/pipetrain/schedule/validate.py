@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from pipetrain.counts import count_of
 from pipetrain.schedule.actions import Action, Op
 from pipetrain.schedule.costs import Costs
 from pipetrain.schedule.execution import Blocked, execute
@@ -45,10 +46,11 @@ class ScheduleError(ValueError):
     def __init__(self, schedule: Schedule, problems: Sequence[str]) -> None:
         self.schedule = schedule
         self.problems = tuple(problems)
-        count = f"{len(self.problems)} problem" + ("s" if len(self.problems) != 1 else "")
         super().__init__(
-            f"schedule {schedule.name!r} ({schedule.num_ranks} ranks, {schedule.num_stages} "
-            f"stages, {schedule.num_microbatches} micro-batches) has {count}:\n"
+            f"schedule {schedule.name!r} ({count_of(schedule.num_ranks, 'rank')}, "
+            f"{count_of(schedule.num_stages, 'stage')}, "
+            f"{count_of(schedule.num_microbatches, 'micro-batch')}) has "
+            f"{count_of(len(self.problems), 'problem')}:\n"
             + "\n".join(f"  - {p}" for p in self.problems)
             + "\nwhat it runs (one column per action at unit cost, '.' idle):\n"
             + render_grid(schedule)
@@ -65,7 +67,7 @@ def validate(schedule: Schedule) -> None:
         >>> validate(bad)
         Traceback (most recent call last):
         ...
-        pipetrain.schedule.validate.ScheduleError: schedule 'bad' (1 ranks, 1 stages, 1 micro-batches) has 1 problem:
+        pipetrain.schedule.validate.ScheduleError: schedule 'bad' (1 rank, 1 stage, 1 micro-batch) has 1 problem:
           - rank 0, position 0: 0B0 runs before 0F0
         what it runs (one column per action at unit cost, '.' idle):
         rank 0: B0 F0
