@@ -92,6 +92,26 @@ def _load(folder: str, name: str) -> dict[str, Any]:
     return record
 
 
+def test_the_cuda_tests_are_collected_without_pytest_timeout(tmp_path: Any) -> None:
+    """Bug: where pytest-timeout was not installed (the docs ask for pytest alone), the
+    suite's --strict-markers refused test_gpipe_errors.py ('timeout' not found in
+    `markers`), and the item failed."""
+    from gpu.cuda_tests import cuda_test_files
+
+    report = tmp_path / "report.json"
+    files = cuda_test_files(os.path.join(_ROOT, "tests"))
+    assert "tests/api/test_gpipe_errors.py" in files  # it uses @pytest.mark.timeout
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *files, "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "no:timeout", "-p", "gpu.cuda_tests_plugin", f"--gpu-check-report={report}"],
+        cwd=_ROOT, text=True, capture_output=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([_BENCHMARKS, *sys.path])})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "not found in `markers`" not in done.stdout + done.stderr
+    assert json.loads(report.read_text())["collect_errors"] == []
+    assert "test_gpipe_cuda.py::" in done.stdout
+
+
 @pytest.mark.slow
 def test_the_check_runs_on_the_cpu(tmp_path: Any) -> None:
     out = str(tmp_path / "check")

@@ -4,6 +4,10 @@ each one's outcome as JSON.
 A test needs CUDA when one of its ``skipif`` marks names CUDA or a GPU in its reason
 (``needs CUDA``, ``needs a GPU``, ``needs two CUDA devices``...), whatever the mark's
 condition is here. Load it with ``-p gpu.cuda_tests_plugin --gpu-check-report=PATH``.
+
+The tests need pytest alone: where pytest-timeout is not installed, the plugin declares
+its ``timeout`` marker (the suite's ``--strict-markers`` would otherwise refuse to collect
+a file that uses it), and the tests run without a per-test limit.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ _REPORT: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):  # pytest-timeout absent or disabled
+        config.addinivalue_line("markers", "timeout(seconds): pytest-timeout's per-test limit "
+                                           "(not installed here: no limit)")
     path = config.getoption("--gpu-check-report", None)
     if path:
         _REPORT.append(path)
