@@ -23,6 +23,7 @@ from pipetrain.bench.cases.pipedream_traffic import (
     find_profiles,
     load_profile,
     plan_traffic,
+    shown_folder,
 )
 from pipetrain.bench.netns import ShapedLink, link_unavailable_reason, shaped_link
 from pipetrain.plan import LayerProfile, Plan, PlanStage, Profile
@@ -100,6 +101,8 @@ def test_quick_case_tables_carry_the_papers_figures(tmp_path: Path,
     assert ["GNMT-8", "3x4 (A)", "Straight", "2.95x", "2.95x", "-", "-", "-", "-"] in speedups.rows
     assert traffic.rows[-1][-4] == "up to 95% less" and "arXiv:1806.03377" in traffic.anchor
     assert len(traffic.rows) == len(pipedream_claims.QUICK_ROWS) + 1
+    assert result.data["profiles"] == "profiles from $PIPETRAIN_PIPEDREAM_PROFILES"
+    assert str(tmp_path) not in str(result.data) + str([t.anchor for t in result.tables])
     assert link.rows == [] and "--quick" in link.notes
     assert len(lines) == len(pipedream_claims.QUICK_ROWS)
     plans = result.data["plans"]
@@ -126,8 +129,18 @@ def _image_batch(text: str) -> int:
     return round(size / (3 * 224 * 224 * 4))
 
 
-@pytest.mark.skipif(find_profiles() is None, reason="PipeDream's profiles are not available "
-                    "(set PIPETRAIN_PIPEDREAM_PROFILES)")
+def test_published_profiles_are_found_beside_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PipeDream's published profiles are in ../shared/pipedream beside every checkout
+    (and in CI): the cases that need them find them there, and records show that path
+    relative to the checkout, not this machine's (it read /work/shared/pipedream)."""
+    monkeypatch.delenv("PIPETRAIN_PIPEDREAM_PROFILES", raising=False)
+    folder = find_profiles()
+    root = Path(__file__).resolve().parents[2]
+    assert folder is not None, f"no PipeDream profiles in {root.parent / 'shared' / 'pipedream'}"
+    assert folder.resolve() == (root.parent / "shared" / "pipedream").resolve()
+    assert shown_folder(folder) == "../shared/pipedream"
+
+
 def test_published_profiles_load_at_the_batch_their_sizes_say() -> None:
     folder = find_profiles()
     assert folder is not None

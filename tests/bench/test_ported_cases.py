@@ -139,8 +139,7 @@ def test_planner_vs_pipedream_is_skipped_without_the_profiles(
 
 def test_planner_vs_pipedream_refuses_a_checkout_without_its_optimizer(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    if find_profiles(planner_vs_pipedream.MODELS) is None:
-        pytest.skip("PipeDream's profiles are not in this checkout")
+    assert find_profiles(planner_vs_pipedream.MODELS) is not None  # ../shared/pipedream
     monkeypatch.setenv(planner_vs_pipedream.CHECKOUT_ENV, str(tmp_path))
     context = BenchContext(quick=True, out=tmp_path, progress=lambda line: None)
     with pytest.raises(ValueError, match=r"PIPETRAIN_PIPEDREAM_CHECKOUT=.* has no optimizer/"):
@@ -149,8 +148,7 @@ def test_planner_vs_pipedream_refuses_a_checkout_without_its_optimizer(
 
 def test_planner_vs_pipedream_plans_alexnet_as_pipedream_predicts() -> None:
     folder = find_profiles(planner_vs_pipedream.MODELS)
-    if folder is None:
-        pytest.skip("PipeDream's profiles are not in this checkout")
+    assert folder is not None  # ../shared/pipedream, beside every checkout
     assert len(planner_vs_pipedream.CLUSTERS) == 12
     cluster = planner_vs_pipedream.Cluster((4,), (1e9,), False)
     row = planner_vs_pipedream._compare("alexnet", folder / "alexnet" / "graph.txt", cluster,
@@ -159,3 +157,16 @@ def test_planner_vs_pipedream_plans_alexnet_as_pipedream_predicts() -> None:
     # and cluster ("Time per stage in pipeline"), with 3 replicas of its first stage
     assert row["pipetrain_s"] == pytest.approx(0.0342171413, rel=1e-6)
     assert row["stages"] == "[0-12]x3 [13-21]x1" and row["pipedream_s"] is None
+
+
+def test_planner_vs_pipedream_records_no_machine_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Bug: its record named /work/shared/pipedream and the optimizer checkout's path."""
+    monkeypatch.setattr(planner_vs_pipedream, "MODELS", ("alexnet",))
+    monkeypatch.delenv(planner_vs_pipedream.CHECKOUT_ENV, raising=False)
+    context = BenchContext(quick=True, out=tmp_path, progress=lambda line: None)
+    result = planner_vs_pipedream.run(context)
+    assert result.data["profiles"] == "../shared/pipedream"
+    assert result.data["pipedream_checkout"] is None
+    assert [row[0] for row in result.tables[0].rows] == ["alexnet"] * len(result.tables[0].rows)
+    assert str(Path(__file__).resolve().parents[3]) not in repr(result.data)

@@ -18,7 +18,6 @@ import pytest
 
 from pipetrain.bench import docs, registry, suite
 from pipetrain.bench.case import Case
-from pipetrain.bench.cases.pipedream_traffic import find_profiles
 from pipetrain.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,12 +256,10 @@ def test_examples(name: str) -> None:
 def _skipped_for_a_missing_input(name: str, record: dict[str, Any]) -> bool:
     case = registry.load_case(name)
     missing = [p for p in case.needs if importlib.util.find_spec(p) is None]
-    if record["status"] == "skipped" and bool(missing) and all(
-            p in record["reason"] for p in missing):
-        return True
-    # PipeDream's published profiles are data a checkout may lack (they are not shipped)
-    return (name == "planner_vs_pipedream" and record["status"] == "skipped"
-            and find_profiles() is None and "PipeDream's published profiles" in record["reason"])
+    # PipeDream's published profiles are in ../shared/pipedream beside every checkout:
+    # planner_vs_pipedream runs
+    return record["status"] == "skipped" and bool(missing) and all(
+        p in record["reason"] for p in missing)
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ from pipetrain.bench.cases.pipedream_traffic import (
     find_profiles,
     load_profile,
     plan_traffic,
+    shown_folder,
 )
 from pipetrain.bench.drawings import bars, find_table, number
 from pipetrain.bench.netns import LinkUnavailable
@@ -142,7 +143,7 @@ def _planned(context: BenchContext) -> tuple[list[dict[str, Any]], str]:
         profile = profiles.setdefault(row.profile, load_profile(folder, row.profile))
         context.progress(f"planning {row.model} on {row.shape} ({row.num_workers} GPUs)")
         out.append(plan_row(profile, row, paper_minibatch=MINIBATCH[row.profile]))
-    return out, f"profiles from {folder}"
+    return out, f"profiles from {shown_folder(folder)}"
 
 
 def _scaled(p: dict[str, Any] | None) -> str:

@@ -50,6 +50,7 @@ __all__ = [
     "find_profiles",
     "load_profile",
     "plan_traffic",
+    "shown_folder",
 ]
 
 PROFILE_ENV = "PIPETRAIN_PIPEDREAM_PROFILES"
@@ -66,15 +67,47 @@ PROFILE_BATCH_SIZES = {
 their sizes), with how it was read."""
 
 
+_PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
+"""Profiles shipped with the package (none are, today)."""
+
+
+def _checkout() -> Path | None:
+    """The source checkout this module runs from (``src/pipetrain/bench/cases/..``), if any."""
+    here = Path(__file__).resolve()
+    return here.parents[4] if len(here.parents) > 5 else None
+
+
 def _candidates() -> list[Path]:
     found = []
     if os.environ.get(PROFILE_ENV):
         found.append(Path(os.environ[PROFILE_ENV]))
-    here = Path(__file__).resolve()
-    found.append(here.parents[1] / "data" / "pipedream")  # shipped with the package
-    if len(here.parents) > 5:  # a source checkout: the team's shared folder beside it
-        found.append(here.parents[5] / "shared" / "pipedream")
+    found.append(_PACKAGE_DATA)
+    checkout = _checkout()
+    if checkout is not None:  # a source checkout: the shared folder beside it
+        found.append(checkout.parent / "shared" / "pipedream")
     return found
+
+
+def shown_folder(folder: Path) -> str:
+    """Where profiles were found, as records show it, without this machine's paths:
+    ``$PIPETRAIN_PIPEDREAM_PROFILES``, the package's folder, or a path relative to the
+    source checkout (``../shared/pipedream``).
+
+    Example:
+        >>> folder = find_profiles()
+        >>> folder is None or shown_folder(folder) in ("../shared/pipedream",
+        ...     "$PIPETRAIN_PIPEDREAM_PROFILES", "pipetrain/bench/data/pipedream")
+        True
+    """
+    folder = folder.resolve()
+    if os.environ.get(PROFILE_ENV) and Path(os.environ[PROFILE_ENV]).resolve() == folder:
+        return f"${PROFILE_ENV}"
+    if folder == _PACKAGE_DATA:
+        return "pipetrain/bench/data/pipedream"
+    checkout = _checkout()
+    if checkout is not None:
+        return os.path.relpath(folder, checkout)
+    return folder.name
 
 
 def find_profiles(names: Sequence[str] = tuple(PROFILE_BATCH_SIZES)) -> Path | None:

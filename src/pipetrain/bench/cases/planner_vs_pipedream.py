@@ -180,13 +180,14 @@ def _cell(value: float | None, digits: int = 6) -> str:
 
 def run(context: BenchContext) -> BenchResult:
     """Plan every model on every cluster (and run PipeDream's optimizer where given)."""
-    from pipetrain.bench.cases.pipedream_traffic import find_profiles
+    from pipetrain.bench.cases.pipedream_traffic import find_profiles, shown_folder
 
     folder = find_profiles(MODELS)
     if folder is None:
         raise SkipCase("PipeDream's published profiles (<model>/graph.txt for "
-                       f"{', '.join(MODELS)}) are not in the package's bench/data/pipedream; "
-                       "set PIPETRAIN_PIPEDREAM_PROFILES to a folder holding them")
+                       f"{', '.join(MODELS)}) are neither in the package's bench/data/pipedream "
+                       "nor in shared/pipedream beside the checkout; set "
+                       "PIPETRAIN_PIPEDREAM_PROFILES to a folder holding them")
     checkout = os.environ.get(CHECKOUT_ENV)
     pipedream = Path(checkout) if checkout else None
     if pipedream is not None and not (pipedream / "optimizer").is_dir():
@@ -224,8 +225,9 @@ def run(context: BenchContext) -> BenchResult:
                "cluster (where a checkout is given), and its plan re-evaluated by pipetrain's "
                "PipeDream cost model",
         notes=notes, key="plans")
-    return BenchResult(tables=[table], data={"profiles": str(folder),
-                                             "pipedream_checkout": checkout, "rows": rows})
+    return BenchResult(tables=[table], data={
+        "profiles": shown_folder(folder),
+        "pipedream_checkout": f"${CHECKOUT_ENV}" if checkout else None, "rows": rows})
 
 
 def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
