@@ -16,13 +16,13 @@ import errno
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Sequence
 
+from pipetrain.cli.record_writes import free_space_line
 from pipetrain.launch.local import LAUNCHED_ENV
 
 __all__ = [
@@ -72,10 +72,11 @@ def _disk_trouble(error: BaseException) -> str | None:
     if not isinstance(error, OSError) or error.errno not in _DISK:
         return None
     where = error.filename or "the run folder"
-    folder = os.path.dirname(os.path.abspath(where)) if error.filename else "."
     free = ""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT) and os.path.isdir(folder):
-        free = f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB free there)"
+    if error.filename and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        # the file's own file system (without a file name, no guess: the working
+        # directory's may be another disk)
+        free = f" ({free_space_line(str(error.filename))})"
     return (f"writing {where!r} failed: {_DISK[error.errno]}{free}; the checkpoint and records "
             "written before are kept. Fix: free space or fix the permissions, or train into "
             "another --out")
