@@ -161,13 +161,13 @@ class RunRecords:
             self._unlogged = None
             self._seen(record)
             self.steps.append(record)
-        self.tensorboard.step(record)
+            self.tensorboard.step(record)
 
     def close(self) -> None:
         """Close ``steps.jsonl`` and the TensorBoard events (the run ends)."""
         with self._lock:
             self.steps.close()
-        self.tensorboard.close()
+            self.tensorboard.close()
 
     def sync(self) -> None:
         """Put the steps recorded so far on disk (before a checkpoint is saved: the
