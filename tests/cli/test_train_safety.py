@@ -152,33 +152,43 @@ def test_a_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Pa
 
 
 def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> None:
-    """Bug: SIGINT ended the run with five tracebacks, no checkpoint and no metrics."""
+    """Bug: SIGINT ended the run with five tracebacks, no checkpoint and no metrics; later,
+    a second Ctrl-C a second after the first turned the clean stop into a traceback and
+    exit status 1, and a stop right after a periodic save saved that step again, pushing
+    out the older kept checkpoint. Ctrl-C reaches the launcher and its workers (the
+    terminal's process group), twice; every step is saved (--save-every 1)."""
     from pipetrain.api.checkpointing import read_checkpoint_info
 
     out = tmp_path / "run"
-    process = subprocess.Popen(_command("--steps", "100000", "--save-every", "2", "--out", str(out)),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    process = subprocess.Popen(_command("--steps", "100000", "--save-every", "1", "--out", str(out)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                               start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if (out / "metrics.json").exists() and (_metrics(out).get("checkpoint") or {}).get("step"):
+            if (out / "checkpoint" / "pipetrain-manifest.json").exists():
                 break
             time.sleep(0.2)
         else:
             pytest.fail("the run saved no checkpoint in 120 s")
-        process.send_signal(signal.SIGINT)
+        os.killpg(process.pid, signal.SIGINT)
+        time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
     line = _last_line(stderr)
     assert line.startswith("pipetrain train: interrupted by SIGINT after step"), line
     assert f"pipetrain train --resume {out}" in line and "Traceback" not in stderr
+    assert len(re.findall(r"SIGINT: stopping after step \d+", stderr)) == 1, stderr[-2000:]
     stopped = _metrics(out)["stopped"]
-    assert stopped["reason"] == "interrupted" and stopped["saved_now"]
+    assert stopped["reason"] == "interrupted" and not stopped["saved_now"]
     assert read_checkpoint_info(out / "checkpoint")["step"] == stopped["at_step"] == stopped["checkpoint_step"]
+    assert sorted(p.name for p in out.glob("checkpoint*")) == [
+        "checkpoint", f"checkpoint.step-{stopped['at_step'] - 1}"]
     assert len(_metrics(out)["steps"]) == stopped["at_step"]
 
 

@@ -8,7 +8,6 @@ signal it receives to its workers and gives them time to do so.
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from types import FrameType
@@ -18,7 +17,6 @@ import torch.distributed as dist
 
 __all__ = ["StopRequest"]
 
-logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -56,9 +54,8 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, number: int, frame: FrameType | None) -> None:
-        if self.signal is None:
+        if self.signal is None:  # a second signal changes nothing: the first one's stop stands
             self.signal = signal.Signals(number)
-            logger.info("%s: stopping at the end of this step", self.signal.name)
 
     def agreed(self, device: torch.device) -> signal.Signals | None:
         """The signal that stops every rank now, or None (every rank of the job calls it)."""

@@ -291,6 +291,10 @@ class _Run:
     def _interrupted(self, signal: Any) -> int:
         self._close_bar()
         saved = self.pipe.step > self.start and self.pipe.step != self.saved_step
+        if self.rank == 0:
+            sys.stderr.write(f"pipetrain train: {signal.name}: stopping after step {self.pipe.step}"
+                             + (", saving it" if saved else "") + "\n")
+            sys.stderr.flush()
         if saved:  # a signal during a periodic save: that save holds this step already
             self._save()
         if self.records is not None:

@@ -12,10 +12,12 @@ When a worker dies the agent stops the others at once; the error names the rank.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +33,7 @@ __all__ = ["LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "lau
 
 logger = logging.getLogger(__name__)
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LAUNCHED_ENV = "PIPETRAIN_LAUNCHED"
 """Set to ``1`` in the workers :func:`launch_local` starts (they leave the last line of
 an error to the launcher)."""
@@ -107,7 +110,9 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
     """Run ``python -m pipetrain <argv>`` in ``nproc`` local worker processes.
 
     A SIGINT or SIGTERM sent to this process is passed on to the workers, which get
-    ``shutdown_timeout`` seconds to stop (e.g. to save a checkpoint) before they are killed.
+    ``shutdown_timeout`` seconds to stop (e.g. to save a checkpoint) before they are killed;
+    once they have stopped, this process ignores SIGINT and SIGTERM (a second Ctrl-C
+    must not turn a clean stop into a traceback). Otherwise its own handlers are put back.
 
     Raises:
         LaunchError: a worker failed (the first failure is named: that rank's exit status
@@ -130,10 +135,16 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
         monitor_interval=monitor_interval,
         shutdown_timeout=shutdown_timeout,
     )
+    handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    interrupted = False
     try:
         with _worker_environment(nproc):
             elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
     except SignalException as error:
+        interrupted = True  # the workers had their stop; another signal must not undo it
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        _wait_for_workers(shutdown_timeout)  # a second signal may have cut the agent's wait short
         raise LaunchInterrupted(int(error.sigval)) from None
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
@@ -152,6 +163,42 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
             rank=rank, exitcode=failure.exitcode, worker_message=detail,
             exitcodes={r: f.exitcode for r, f in error.failures.items()},
         ) from None
+    finally:
+        if not interrupted:  # the agent's handlers raise; give the caller's back
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux; else none)."""
+    found: list[int] = []
+    for task in glob.glob("/proc/self/task/*/children"):
+        try:
+            with open(task) as file:
+                found += [int(pid) for pid in file.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _wait_for_workers(timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for this process's children (the workers, saving
+    after the signal) to end; kill those still running then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid == 0 and time.monotonic() >= deadline:
+            break
+        if pid == 0:
+            time.sleep(0.1)
+    for pid in _children():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @contextmanager
