@@ -140,7 +140,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     layout = parser.add_argument_group("pipeline")
     add(layout, "--stages", type=_positive_int, default=2, help="pipeline ranks K (default 2)")
     add(layout, "--replicas", type=_positive_int, default=1, help="data-parallel replicas D (default 1)")
-    add(layout, "--microbatches", type=_positive_int, default=8, help="micro-batches M of each replica (of the first stage, with a plan) in a step: "
+    add(layout, "--microbatches", type=_positive_int, default=8,
+        help="micro-batches M of each replica (of the first stage, with a plan) in a step: "
              "its --batch-size / --replicas sequences cut into M (default 8)")
     add(layout, "--schedule", default="1f1b", metavar="NAME|FILE",
         help=f"{', '.join(TRAINING_SCHEDULES)} (default 1f1b), or a schedule file (one rank "
