@@ -215,3 +215,19 @@ def test_a_checkpoint_follows_the_users_umask(tmp_path: Path) -> None:
     for folder in (path, path + ".step-1"):
         assert os.stat(folder).st_mode & 0o077 == 0
         assert all(os.stat(os.path.join(folder, name)).st_mode & 0o077 == 0 for name in os.listdir(folder))
+
+
+def test_an_older_checkpoint_that_lost_its_index_is_damage_not_an_error(tmp_path: Path) -> None:
+    """An interrupted clean-up left checkpoint.step-10 without .metadata."""
+    path = str(tmp_path / "checkpoint")
+    for step in (10, 20):
+        _save(Path(path + ".partial"), step)
+        commit(path + ".partial", path, keep=2)
+    os.remove(os.path.join(path + ".step-10", ".metadata"))
+    assert [(os.path.basename(c.path), c.step) for c in kept_checkpoints(path)] == [
+        ("checkpoint", 20), ("checkpoint.step-10", 10)]
+    found, damaged = find_intact(path)
+    assert found is not None and found.step == 20 and not damaged
+    _save(Path(path + ".partial"), 30)
+    commit(path + ".partial", path, keep=3)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "checkpoint.damaged-step-10", "checkpoint.step-20"]

@@ -248,3 +248,17 @@ def test_a_mistake_found_inside_a_worker_is_the_last_line_without_a_traceback(tm
                              capture_output=True, text=True, timeout=240, env=_env())
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
     assert "NUL byte" in _last_line(verbose.stderr)
+
+
+@pytest.mark.parametrize("folder", ["empty checkpoint folder", "not a run"])
+def test_a_resume_of_a_folder_without_a_checkpoint_is_one_line(tmp_path: Path, folder: str) -> None:
+    """Bug: both ended in a 70-line traceback ('AssertionError: metadata is None')."""
+    run = tmp_path / "run"
+    if folder == "empty checkpoint folder":
+        (run / "checkpoint").mkdir(parents=True)
+    else:
+        run.mkdir()
+        (run / "notes.txt").write_text("not a run")
+    done = _train("--resume", str(run), "--steps", "5", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"{str(run)!r} holds no complete checkpoint" in _last_line(done.stderr)
