@@ -184,3 +184,25 @@ def test_a_hierarchical_topology_is_planned_by_default(graph_file: Path,
     assert main(["plan", "--profile", str(graph_file), "--workers", "2", "2", "--bandwidth",
                  "300e9", "25e9", "--schedule", "1f1b"]) == 2
     assert "plans one-level topologies" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("per_replica", [1, 2, 3])
+def test_microbatches_count_per_replica_of_the_first_stage_as_train_does(
+    per_replica: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bug: plan's --microbatches counted all replicas together, train's one replica: a
+    plan asked for 2 came back with 1 (2 over 2 replicas), and train --microbatches 2
+    meant 2 per replica."""
+    from pipetrain.plan.profile import LayerProfile, Profile
+
+    layers = tuple(LayerProfile(name=str(k), forward_s=f, backward_s=2 * f, parameter_bytes=10)
+                   for k, f in enumerate((3.0, 1.0)))
+    path = tmp_path / "profile.json"
+    Profile(layers=layers, batch_size=12).save(str(path))
+    data = _json(capsys, "--profile", str(path), "--workers", "4", "--bandwidth", "1e12",
+                 "--microbatches", str(per_replica), "--out", str(tmp_path / "plan.json"))
+    plan = Plan.load(str(tmp_path / "plan.json"))
+    assert data["num_microbatches"] == plan.num_microbatches == per_replica
+    first = plan.stages[0].replicas
+    assert first > 1  # replicated: per replica and per step differ
+    assert sum(stage.replicas for stage in plan.stages) == 4

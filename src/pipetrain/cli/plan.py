@@ -86,9 +86,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--microbatches",
         type=int,
         nargs="+",
-        metavar="N",
-        help="pipetrain cost model: micro-batches per step (all replicas together) to choose "
-             "from (default: the divisors of the profile's batch size, up to 64)",
+        metavar="M",
+        help="pipetrain cost model: micro-batches of each replica of the first stage to choose "
+             "from, as `pipetrain train --microbatches` counts them (a step runs M times the "
+             "first stage's replicas; default: every count of micro-batches per step that "
+             "divides the profile's batch size, up to 64)",
     )
     parser.add_argument(
         "--checkpoint",

@@ -1,9 +1,10 @@
 """The searches the ``pipetrain`` cost model's planner runs: one per micro-batch count,
 checkpoint mode, and kind of layout, each with the schedules whose plans it finds.
 
-For every micro-batch count ``N`` (the config's, or
-:func:`~pipetrain.plan.microbatch_profile.microbatch_counts`) and checkpoint mode (the
-config's; else ``never``, and all three under a memory limit):
+For every micro-batch count ``N`` of a step (:func:`step_microbatch_counts`: each count
+the config gives per replica of the first stage times each number of replicas that stage
+may have, or :func:`~pipetrain.plan.microbatch_profile.microbatch_counts`) and checkpoint
+mode (the config's; else ``never``, and all three under a memory limit):
 
 - the schedules that run stages with different replica counts (``gpipe``, ``1f1b``:
   :data:`~pipetrain.schedule.replicated.REPLICATED_SCHEDULES`) share one search with any
@@ -63,6 +64,7 @@ __all__ = [
     "count_plans",
     "most_workers",
     "searches",
+    "step_microbatch_counts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -236,7 +238,32 @@ def most_workers(profile: Profile, config: PlannerConfig) -> int:
     """
     if config.straight:
         return profile.num_layers
-    return profile.num_layers * max(config.num_microbatches or microbatch_counts(profile))
+    return profile.num_layers * max(step_microbatch_counts(profile, config))
+
+
+def step_microbatch_counts(profile: Profile, config: PlannerConfig) -> tuple[int, ...]:
+    """The micro-batches per step (all replicas together) the searches try: each count
+    of ``config.num_microbatches`` (per replica of the first stage) times each number of
+    replicas the first stage may have (one when straight), or, without counts, those that
+    split the profile's batch evenly
+    (:func:`~pipetrain.plan.microbatch_profile.microbatch_counts`).
+
+    Example:
+        >>> from pipetrain.plan.planner_config import PlannerConfig
+        >>> from pipetrain.plan.profile import LayerProfile, Profile
+        >>> from pipetrain.plan.topology import Topology
+        >>> one = Profile(layers=(LayerProfile(name="0", forward_s=1.0, backward_s=1.0),),
+        ...               batch_size=8)
+        >>> step_microbatch_counts(one, PlannerConfig(topology=Topology.flat(3, 1e9),
+        ...                                           num_microbatches=(2, 4)))
+        (2, 4, 6, 8, 12)
+        >>> step_microbatch_counts(one, PlannerConfig(topology=Topology.flat(3, 1e9)))
+        (1, 2, 4, 8)
+    """
+    if config.num_microbatches is None:
+        return microbatch_counts(profile)
+    first = 1 if config.straight else config.topology.num_workers
+    return tuple(sorted({m * d for m in config.num_microbatches for d in range(1, first + 1)}))
 
 
 def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...]]]:
@@ -272,12 +299,13 @@ def searches(profile: Profile, config: PlannerConfig, *,
     level = LevelContext(bandwidth=config.topology.levels[0].bandwidth)
     modes = config.checkpoints or (("never",) if config.memory_limit is None else CHECKPOINT_MODES)
     found = []
-    for n in config.num_microbatches or microbatch_counts(profile):
+    for n in step_microbatch_counts(profile, config):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)
         for checkpoint in modes:
             for size, schedules in _kinds(config, n):
                 model: CostModel = PipetrainCostModel(
-                    Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint),
+                    Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint,
+                              per_replica=config.num_microbatches),
                     num_workers=workers,
                 )
                 units = workers

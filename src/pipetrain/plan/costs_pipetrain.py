@@ -97,6 +97,10 @@ class Candidate:
     num_microbatches: int = 1
     """``N``: micro-batches per step, all replicas together."""
     checkpoint: str = "never"
+    per_replica: tuple[int, ...] | None = None
+    """The micro-batches a replica of the first stage may get, ``N`` over its replicas
+    (None: any whole share of ``N``): the counts a user asked for, as
+    :class:`~pipetrain.api.config.PipelineConfig` counts them."""
 
     def __post_init__(self) -> None:
         n = self.num_microbatches
@@ -229,9 +233,22 @@ class PipetrainCostModel:
         return self.candidate.num_microbatches
 
     def runs(self, load: StageLoad, replicas: int) -> bool:
-        """Whether the runtime can run the stage on ``replicas`` replicas."""
+        """Whether the runtime can run the stage on ``replicas`` replicas (a first stage:
+        on replicas that share the micro-batches evenly, as many each as allowed)."""
         n = self.candidate.num_microbatches
-        return replicas <= n and not (load.is_first and n % replicas)
+        return replicas <= n and not (load.is_first and not self.first_runs(replicas))
+
+    def first_runs(self, replicas: int) -> bool:
+        """Whether the first stage can run on ``replicas`` replicas: each gets the same
+        number of micro-batches, one of :attr:`Candidate.per_replica` when it is given.
+
+        Example:
+            >>> model = PipetrainCostModel(Candidate(num_microbatches=8, per_replica=(4,)))
+            >>> [r for r in range(1, 9) if model.first_runs(r)]
+            [2]
+        """
+        n, allowed = self.candidate.num_microbatches, self.candidate.per_replica
+        return n % replicas == 0 and (allowed is None or n // replicas in allowed)
 
     def stage_time(self, load: StageLoad, *, replicas: int, level: LevelContext) -> float:
         if not self.runs(load, replicas):
@@ -276,7 +293,7 @@ class PipetrainCostModel:
         tried = sorted({max(at_least, -(-n_total // q)) for q in range(1, n_total + 1)})
         tried = [r for r in tried if r <= top]
         if row.is_first:
-            tried = [r for r in tried if n_total % r == 0]
+            tried = [r for r in tried if self.first_runs(r)]
         out = []
         for k in range(len(row)) if indices is None else indices:
             load = row.load(k)

@@ -47,8 +47,9 @@ class PlannerConfig:
 
     ``schedules``, ``num_microbatches`` and ``checkpoints`` narrow the choices of the
     ``pipetrain`` cost model (None: all of them); ``num_microbatches`` counts the
-    micro-batches of a step, all replicas together (a plan file records them per replica
-    of its first stage, as :class:`~pipetrain.api.config.PipelineConfig` does).
+    micro-batches of each replica of the first stage, as
+    :class:`~pipetrain.api.config.PipelineConfig`, plan files and ``pipetrain train
+    --microbatches`` do: a step runs that many times the first stage's replicas.
 
     Example:
         >>> from pipetrain.plan.topology import Topology
@@ -68,8 +69,8 @@ class PlannerConfig:
     schedules: tuple[str, ...] | None = None
     """The schedules to choose from (None: :data:`PLANNED_SCHEDULES`)."""
     num_microbatches: tuple[int, ...] | None = None
-    """Micro-batches per step to choose from (None: the divisors of the profile's batch
-    size, up to 64)."""
+    """Micro-batches per replica of the first stage to choose from (None: every count of
+    micro-batches per step that divides the profile's batch size, up to 64)."""
     checkpoints: tuple[str, ...] | None = None
     """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
     ``except_last`` and ``always``)."""

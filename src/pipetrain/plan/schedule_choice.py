@@ -43,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from pipetrain.plan.candidates import (
     Search,
     most_workers,
     searches,
+    step_microbatch_counts,
 )
 from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
 from pipetrain.plan.effort import Effort
@@ -66,7 +68,6 @@ from pipetrain.plan.flat import (
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.microbatch_profile import (
     MAX_MICROBATCHES,
-    microbatch_counts,
     microbatch_profile,
 )
 from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
@@ -136,8 +137,7 @@ def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig,
     fit the memory limit. ``effort`` is charged for building its step's schedule unless
     ``built`` holds it (the schedules are kept, :func:`step_schedule`)."""
     search, base = entry.search, entry.candidate
-    candidate = Candidate(schedule=schedule, num_microbatches=base.num_microbatches,
-                          checkpoint=base.checkpoint)
+    candidate = dataclasses.replace(base, schedule=schedule)
     model = PipetrainCostModel(candidate, num_workers=config.topology.num_workers)
     replicas = [r for _, _, r in stages]
     loads = [search.load(a, b) for a, b, _ in stages]
@@ -312,18 +312,18 @@ def _too_many_workers(profile: Profile, config: PlannerConfig, most: int) -> str
     """Why no plan uses all the workers: too few stages times micro-batches."""
     workers, nodes = config.topology.num_workers, profile.num_layers
     what = "layers" if profile.is_sequence else "nodes"
-    counts = sorted(config.num_microbatches or microbatch_counts(profile))
-    source = ("--microbatches" if config.num_microbatches else
-              f"the divisors of the profile's batch of {profile.batch_size} samples, up to "
-              f"{MAX_MICROBATCHES}")
+    counts = sorted(step_microbatch_counts(profile, config))
+    source = ("--microbatches times the first stage's replicas" if config.num_microbatches
+              else f"the divisors of the profile's batch of {profile.batch_size} samples, up "
+                   f"to {MAX_MICROBATCHES}")
     needed = -(-workers // nodes)
     return (
         f"no plan on {workers} workers runs with {counts} micro-batches per step ({source}): "
         f"a stage runs on at most as many replicas as a step has micro-batches, and the "
         f"profile's {nodes} {what} make at most {nodes} stages, so a plan uses at most "
         f"{most} workers; fix: --workers {most} or fewer, --fewer-workers (leave the rest "
-        f"idle), or --microbatches {needed} or more (the profile's batch should then have at "
-        f"least {needed} samples)"
+        f"idle), or --microbatches {needed} or more (per replica of the first stage; the "
+        f"profile's batch should then have at least {needed} samples)"
     )
 
 

@@ -149,7 +149,7 @@ def pipetrain_predictions(profile: Profile, *, bandwidth: float, num_microbatche
             continue  # a schedule the model does not plan (the asynchronous ones)
         plan = plan_for_layout(profile, [half, profile.num_layers - half], [1, 1], config)
         out[f"two_stage_{schedule}_s"] = plan.time_per_step
-    dp = PlannerConfig(topology=topology, schedules=("1f1b",), num_microbatches=(2,))
+    dp = PlannerConfig(topology=topology, schedules=("1f1b",), num_microbatches=(1,))
     out["data_parallel_s"] = plan_for_layout(profile, [profile.num_layers], [2], dp).time_per_step
     return out
 
