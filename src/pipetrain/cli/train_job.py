@@ -46,6 +46,7 @@ from pipetrain.cli.train_report import (
 )
 from pipetrain.cli.train_start import agree_on_folder, agree_on_options, phase
 from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
+from pipetrain.counts import count_of
 from pipetrain.data import TextDataset
 from pipetrain.launch.local import LAUNCHED_ENV
 from pipetrain.models import GPTConfig
@@ -98,7 +99,8 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
     try:
         agree_on_options(args)
         lock = agree_on_folder(args, resume)  # noqa: F841 (held until the job ends)
-        phase(f"{dist.get_world_size()} workers joined; building the model and its pipeline")
+        phase(f"{count_of(dist.get_world_size(), 'worker')} joined; building the model and its "
+              "pipeline")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
@@ -170,7 +172,7 @@ class _Run:
         assert self.resume is not None
         text = (f"resuming {self.resume.run_folder or self.resume.checkpoint} at step {self.start}: "
                 f"training steps {self.start + 1}-{self.args.steps} "
-                f"({self.args.steps - self.start} steps) into {self.args.folder}")
+                f"({count_of(self.args.steps - self.start, 'step')}) into {self.args.folder}")
         if self.resume.changes:
             text += "; changed: " + ", ".join(
                 f"{flag(name, old)} -> {new}" for name, (old, new) in self.resume.changes.items())
