@@ -39,19 +39,28 @@ def test_one_thread_per_partition_persisting_between_steps():
     with torch.no_grad():
         gpipe(torch.randn(4, 4))
     threads = []
-    for j, recorder in enumerate(recorders):
+    for recorder in recorders:
         assert len(recorder.forward_threads) == 8 and len(recorder.backward_threads) == 6
         forward = set(recorder.forward_threads)
         assert len(forward) == 1  # the same thread in every step
         threads.append(forward.pop())
-        # backward on the same worker, except the last partition's: the caller's thread
-        # (which autograd runs the backward on) runs it, as autograd would
-        expected = threading.get_ident() if j == 2 else threads[-1]
-        assert set(recorder.backward_threads) == {expected}
-    assert len(set(threads)) == 3  # one per partition
-    assert threading.get_ident() not in threads
+        # backward on the thread of the forward
+        assert set(recorder.backward_threads) == {threads[-1]}
+    # the last partition runs on the caller's thread (which autograd runs the backward
+    # on, and which would only wait meanwhile); the others each on a worker of their own
+    assert threads[2] == threading.get_ident()
+    assert len(set(threads)) == 3
     names = {t.ident: t.name for t in threading.enumerate()}
-    assert [names[t] for t in threads] == [f"pipetrain-stage-{j}" for j in range(3)]
+    assert [names[t] for t in threads[:2]] == [f"pipetrain-stage-{j}" for j in range(2)]
+
+
+def test_a_single_partition_runs_on_the_callers_thread():
+    # one intra-op thread team in the process, as plain PyTorch has
+    recorder = ThreadRecorder()
+    gpipe = pipetrain.GPipe(nn.Sequential(recorder), [1], chunks=2)
+    gpipe(torch.randn(4, 4)).sum().backward()
+    assert set(recorder.forward_threads) == set(recorder.backward_threads) == {
+        threading.get_ident()}
 
 
 class Rendezvous(nn.Module):

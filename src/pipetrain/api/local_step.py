@@ -166,7 +166,7 @@ class LocalPipeline:
             self.rng.open(offset)
         try:
             with self.streams.edges():
-                self._run(schedule.actions, ios, grad=False)
+                self._run(schedule.actions, ios, grad=False, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(offset)
@@ -234,7 +234,8 @@ class LocalPipeline:
         try:
             with self.streams.edges():
                 self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge},
-                          speculators=speculators, generation=generation)
+                          speculators=speculators, generation=generation,
+                          here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
@@ -272,7 +273,6 @@ class LocalPipeline:
                 sizes = [session.input_sizes[i][k] for i in range(num_microbatches)]
                 merged.append(merge_grads(pieces, shape, sizes))
 
-        last = len(ios) - 1
         try:
             with self.streams.edges():
                 if self.streams.active:
@@ -284,8 +284,7 @@ class LocalPipeline:
                     # there): its gradients come from the caller's memory, where the
                     # caller's loss freed memory
                     self._run(session.backward_actions, ios, grad=True, then={0: merge},
-                              sharing=self.sharing,
-                              here=last if last in self._on_cpu else None)
+                              sharing=self.sharing, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)
@@ -316,6 +315,17 @@ class LocalPipeline:
                 executor.reset()
             self.transport.mailbox.clear()
             raise
+
+    def _caller_stage(self) -> int | None:
+        """The stage whose actions the caller's thread runs (``None``: none): the last
+        one, if it is on the CPU. The caller would only wait for the workers meanwhile;
+        running the last stage there, forward and backward, keeps its memory in the
+        caller's malloc arena (where the caller's loss frees memory) and, with a single
+        partition, leaves one intra-op thread team in the process, as plain PyTorch has
+        (a second team, spinning in a worker, would make GNU OpenMP put the idle threads
+        of both to sleep after each parallel region)."""
+        last = len(self.executors) - 1
+        return last if last in self._on_cpu else None
 
     def _speculators(self, session: _Session) -> list[int]:
         """The CPU workers whose backward starts by waiting for a gradient: they rebuild
