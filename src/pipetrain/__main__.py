@@ -1,8 +1,21 @@
 """``python -m pipetrain``: the same as the ``pipetrain`` command."""
 
 import gc
+import os
+import signal
 
-from pipetrain.cli.main import main
+
+def _stop_quietly(number: int, frame: object) -> None:
+    raise SystemExit(128 + number)
+
+
+if os.environ.get("PIPETRAIN_LAUNCHED") == "1":  # a worker of `pipetrain train`
+    # a Ctrl-C before training starts (while importing) ends it without a traceback;
+    # training installs its own handler, which stops at a step boundary and saves
+    signal.signal(signal.SIGINT, _stop_quietly)
+    signal.signal(signal.SIGTERM, _stop_quietly)
+
+from pipetrain.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
     status = main()

@@ -262,3 +262,18 @@ def test_a_resume_of_a_folder_without_a_checkpoint_is_one_line(tmp_path: Path, f
     done = _train("--resume", str(run), "--steps", "5", timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"{str(run)!r} holds no complete checkpoint" in _last_line(done.stderr)
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
+    """Bug: a Ctrl-C during the first seconds (imports, checks) printed a KeyboardInterrupt
+    traceback."""
+    process = subprocess.Popen(_command("--steps", "5", "--out", str(tmp_path / "run")),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                               start_new_session=True)
+    time.sleep(0.5)  # torch alone takes longer to import
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    # 130, or killed by SIGINT (a shell shows both as 130): Python ends a process that
+    # a KeyboardInterrupt reached late in an import that way
+    assert process.returncode in (128 + signal.SIGINT, -signal.SIGINT), stderr[-2000:]
+    assert "Traceback" not in stderr and _last_line(stderr) == "pipetrain: interrupted by SIGINT"

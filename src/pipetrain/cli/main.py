@@ -114,11 +114,20 @@ def build_parser() -> _CommandParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``pipetrain`` command; returns the process exit status.
+    """Run the ``pipetrain`` command; returns the process exit status (130 after a
+    Ctrl-C that no command handles itself: one line, no traceback).
 
     Example:
         >>> main(["simulate", "--schedule", "gpipe", "--stages", "2", "--microbatches", "4"])  # doctest: +SKIP
     """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("pipetrain: interrupted by SIGINT\n")
+        return 128 + 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(
