@@ -143,6 +143,16 @@ def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(tmp
     assert (ran["steps"], sources["steps"]) == (6, "command line")  # the flag wins
     assert (ran["schedule"], sources["schedule"]) == ("gpipe", "config file")
     assert (ran["batch_size"], sources["batch_size"]) == (8, "config file")
+    # what ran, and only that: the model file's block, no GPT shape, the command as typed
+    assert sources["config"] == "command line" and ran["config"] == "run.toml"
+    assert config["command_line"] == ["train", "--config", "run.toml", "--steps", "6"]
+    assert metrics["config"]["command_line"] == config["command_line"]
+    assert not {"layers", "width", "heads", "dropout"} & (set(ran) | set(sources))
+    model = config["model"]
+    assert (model["kind"], model["source"], model["context"]) == ("file", ran["model"], 16)
+    assert model["class"] and model["parameters"] > 0 and "num_layers" not in model
+    assert config["layout"]["unit"] == "captured units" and len(config["layout"]["per_stage"]) == 2
+    assert sum(config["layout"]["per_stage"]) >= 3 and config["layout"]["stage_to_rank"] == [0, 1]
     assert [s["step"] for s in metrics["steps"]] == list(range(1, 7))
     assert metrics["steps"][-1]["loss"] < metrics["steps"][0]["loss"]
     # TensorBoard events, read by the tensorboard package's own reader
@@ -199,6 +209,9 @@ def test_a_hugging_face_folder_with_its_tokenizer_trains_and_samples(tmp_path: P
                    cwd=tmp_path))
     metrics = _json(tmp_path / "run" / "metrics.json")
     assert len(metrics["steps"]) == 3
+    model = _json(tmp_path / "run" / "config.json")["model"]
+    assert (model["kind"], model["class"]) == ("hugging face", "GPT2LMHeadModel")
+    assert model["parameters"] > 0 and "width" not in model
     # the loss starts at the folder's weights on its own tokens: about ln(300), not ln(256)
     assert 5.4 < metrics["steps"][0]["loss"] < 6.2
     sampled = _ok(_pipetrain("sample", "run", "--bytes", "4", cwd=tmp_path))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
+    "GPT_OPTIONS",
     "SOURCES",
     "RunConfig",
 ]
@@ -29,6 +30,8 @@ SOURCES = ("default", "resumed run", "config file", "command line", "schedule fi
            "schedule", "planner")
 """Where a value may come from, in the order they are applied."""
 _GIVEN = ("config file", "command line")
+GPT_OPTIONS = ("layers", "width", "heads", "dropout")
+"""The options that shape pipetrain's own GPT (a user's or Hugging Face model has its own)."""
 """The sources by which the user gave a value for this invocation."""
 
 
@@ -162,9 +165,17 @@ class RunConfig:
                 f"micro-batch{'es' * (self.microbatches != 1)}")
 
     # -- records --------------------------------------------------------------------------
+    def recorded_names(self) -> tuple[str, ...]:
+        """The options that apply to this run: pipetrain's GPT's shape (``layers``,
+        ``width``, ``heads``, ``dropout``) only when it trains that GPT."""
+        if self.model == "gpt":
+            return self.option_names()
+        return tuple(n for n in self.option_names() if n not in GPT_OPTIONS)
+
     def options(self) -> dict[str, Any]:
-        """Every option by name, JSON-ready (what the run folder records as ``options``)."""
-        values = {name: getattr(self, name) for name in self.option_names()}
+        """Every option that applies to this run by name, JSON-ready (what the run folder
+        records as ``options``)."""
+        values = {name: getattr(self, name) for name in self.recorded_names()}
         if values["stage_replicas"] is not None:
             values["stage_replicas"] = list(values["stage_replicas"])
         return values
@@ -172,7 +183,7 @@ class RunConfig:
     def record(self) -> dict[str, Any]:
         """The options, where each came from, and the command line as typed."""
         return {"options": self.options(),
-                "sources": {name: self.source(name) for name in self.option_names()},
+                "sources": {name: self.source(name) for name in self.recorded_names()},
                 "command_line": list(self.command_line)}
 
     # -- conversion -----------------------------------------------------------------------

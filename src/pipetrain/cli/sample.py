@@ -67,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
 
     from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
+    from pipetrain.cli.model_record import gpt_config_of
     from pipetrain.cli.run_model import pipeline_model, run_dataset, sample_text
     from pipetrain.launch import free_port
-    from pipetrain.models import GPTConfig
     from pipetrain.runtime.process_group import init_distributed
 
     with open(config_path) as f:
-        model_config = GPTConfig(**json.load(f)["model"])
+        model_config = gpt_config_of(json.load(f)["model"])
     config = _run_config(args.run_folder)
     dataset, tokenizer = run_dataset(config)
     context = init_distributed(rank=0, world_size=1, master_addr="127.0.0.1",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import sys
@@ -52,6 +53,7 @@ def _fail(problems: list[str], status: int) -> int:
 def run(args: argparse.Namespace) -> int:
     """Launch the workers (or, inside a job, be one); the exit status."""
     from pipetrain.launch import LaunchError, LaunchInterrupted, in_worker, launch_local
+    from pipetrain.launch.local import COMMAND_LINE_ENV
 
     if in_worker():
         from pipetrain.cli.train_job import train_worker
@@ -98,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     argv = _argv_with_out(sys.argv[1:], out)
     started = time.time()
-    try:
-        launch_local(config.num_workers, argv)
+    try:  # the workers record the command line as typed, not as the launcher passes it on
+        launch_local(config.num_workers, argv,
+                     environment={COMMAND_LINE_ENV: json.dumps(sys.argv[1:])})
     except LaunchError as error:
         return _fail([_failure_line(error, config, started)], 2 if error.exitcode == 2 else 1)
     except LaunchInterrupted as error:

@@ -115,13 +115,15 @@ def _async_problems(args: RunConfig) -> list[str]:
     return problems
 
 
-def prepare(args: argparse.Namespace) -> tuple[RunConfig, Resume | None, list[str]]:
-    """Resolve the command into its configuration and find every problem with it.
+def prepare(args: argparse.Namespace, *, command_line: list[str] | None = None,
+            ) -> tuple[RunConfig, Resume | None, list[str]]:
+    """Resolve the command into its configuration and find every problem with it
+    (``command_line``: as the user typed it, recorded; default ``sys.argv``).
 
     Returns the configuration, the resume (None without ``--resume``) and the problems,
     each naming the bad value and its fix in command-line terms.
     """
-    config, resume, problems = resolve(args)
+    config, resume, problems = resolve(args, command_line=command_line)
     if resume is not None and "schedule" in resume.changes:
         old, new = resume.changes["schedule"]
         if asynchronous(RunConfig(schedule=old)) != asynchronous(config):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import decimal
+import json
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.lr_schedule import lr_factor
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
+from pipetrain.cli.model_record import layout_record, model_record
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import write_json
 from pipetrain.cli.run_model import (
@@ -48,8 +50,7 @@ from pipetrain.cli.train_start import agree_on_folder, agree_on_options, phase
 from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
 from pipetrain.counts import count_of
 from pipetrain.data import TextDataset
-from pipetrain.launch.local import LAUNCHED_ENV
-from pipetrain.models import GPTConfig
+from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.trace import ProgressBar, measure_step
@@ -80,7 +81,8 @@ def train_worker(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     verbose = bool(getattr(args, "verbose", False))
     try:
-        config, resume, problems = prepare(args)
+        typed = os.environ.get(COMMAND_LINE_ENV)  # as the user typed it, from the launcher
+        config, resume, problems = prepare(args, command_line=None if typed is None else json.loads(typed))
         if problems:
             raise UsageError(problems)
         return _join_and_train(config, resume, stop, verbose=verbose)
@@ -111,6 +113,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
             args = agree_on_balance(args, model_config, dataset, device=context.device)
         model, model_arguments = pipeline_model(args, model_config, dataset,
                                                 vocab_size=tokenizer.vocab_size)
+        model_block = model_record(args, model_config, model)
         pipe = Pipeline(
             model,
             **model_arguments,
@@ -123,7 +126,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         )
         phase(f"pipeline ready ({args.describe()})")
         try:
-            return _Run(pipe, args, dataset, tokenizer, model_config, resume, stop, verbose=verbose).run()
+            return _Run(pipe, args, dataset, tokenizer, model_block, resume, stop, verbose=verbose).run()
         finally:
             pipe.close()
     except BaseException as error:
@@ -140,9 +143,9 @@ class _Run:
     """One session of a run: load, train, stop or finish, write."""
 
     def __init__(self, pipe: Pipeline, args: RunConfig, dataset: TextDataset,
-                 tokenizer: RunTokenizer, model_config: GPTConfig, resume: Resume | None,
+                 tokenizer: RunTokenizer, model_block: dict[str, Any], resume: Resume | None,
                  stop: StopRequest, *, verbose: bool) -> None:
-        self.pipe, self.args, self.dataset, self.model_config = pipe, args, dataset, model_config
+        self.pipe, self.args, self.dataset, self.model_block = pipe, args, dataset, model_block
         self.tokenizer = tokenizer
         self.resume, self.stop, self.verbose = resume, stop, verbose
         self.rank = dist.get_rank()
@@ -187,7 +190,8 @@ class _Run:
         options = record["options"]
         write_json(os.path.join(args.folder, "config.json"),
                    {"args": options, "sources": record["sources"],
-                    "command_line": record["command_line"], "model": self.model_config.__dict__,
+                    "command_line": record["command_line"], "model": self.model_block,
+                    "layout": layout_record(self.pipe),
                     "data": data_record(args, self.dataset, self.tokenizer),
                     "world_size": dist.get_world_size()})
         self.records = RunRecords(

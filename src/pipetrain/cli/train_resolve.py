@@ -211,7 +211,8 @@ def resolve(args: argparse.Namespace, *, command_line: list[str] | None = None,
     config = RunConfig()
     config.command_line = tuple(sys.argv[1:] if command_line is None else command_line)
     given = _given(args, problems)
-    config.config = getattr(args, "config", None)
+    if getattr(args, "config", None) is not None:
+        config.set("command line", config=args.config)
     resume_path = given["resume"][1] if "resume" in given else None
     resume = _find_resume(resume_path, problems) if resume_path is not None else None
     if resume is not None:

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -29,11 +29,13 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from pipetrain.launch.loopback import BACKEND, LOOPBACK, register
 from pipetrain.runtime.host_address import interface_of
 
-__all__ = ["LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
+__all__ = ["COMMAND_LINE_ENV", "LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
 
 logger = logging.getLogger(__name__)
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+COMMAND_LINE_ENV = "PIPETRAIN_COMMAND_LINE"
+"""The command line as the user typed it (JSON), for the workers' records."""
 LAUNCHED_ENV = "PIPETRAIN_LAUNCHED"
 """Set to ``1`` in the workers :func:`launch_local` starts (they leave the last line of
 an error to the launcher)."""
@@ -106,8 +108,9 @@ def _describe(exitcode: int) -> str:
 
 
 def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0.2,
-                 shutdown_timeout: int = 60) -> None:
-    """Run ``python -m pipetrain <argv>`` in ``nproc`` local worker processes.
+                 shutdown_timeout: int = 60, environment: Mapping[str, str] | None = None) -> None:
+    """Run ``python -m pipetrain <argv>`` in ``nproc`` local worker processes (with
+    ``environment`` added to what they inherit).
 
     A SIGINT or SIGTERM sent to this process is passed on to the workers, which get
     ``shutdown_timeout`` seconds to stop (e.g. to save a checkpoint) before they are killed;
@@ -138,7 +141,7 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
     handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     interrupted = False
     try:
-        with _worker_environment(nproc):
+        with _worker_environment(nproc, dict(environment or {})):
             elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
     except SignalException as error:
         interrupted = True  # the workers had their stop; another signal must not undo it
@@ -202,7 +205,7 @@ def _wait_for_workers(timeout: float) -> None:
 
 
 @contextmanager
-def _worker_environment(nproc: int) -> Iterator[None]:
+def _worker_environment(nproc: int, extra: dict[str, str]) -> Iterator[None]:
     """What the workers inherit, set while they are started and taken back after: each
     worker's math single-threaded unless the user chose otherwise (K workers share the
     cores instead of fighting), and gloo / NCCL on the loopback interface."""
@@ -211,7 +214,7 @@ def _worker_environment(nproc: int) -> Iterator[None]:
     if loopback is not None:
         values |= {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}
     added = {name: value for name, value in values.items()
-             if name == LAUNCHED_ENV or name not in os.environ}
+             if name == LAUNCHED_ENV or name not in os.environ} | extra
     before = {name: os.environ.get(name) for name in added}
     os.environ.update(added)
     try:
