@@ -51,6 +51,17 @@ def test_an_asynchronous_run_records_the_clip_and_the_non_finite_handling_it_run
     assert config.record()["options"]["clip"] == 0.0
 
 
+def test_the_recipe_warned_about_is_the_one_the_benchmark_found() -> None:
+    from pipetrain.cli.train_checks import RECIPES, schedule_notes
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "bench" / "async_convergence.json"
+    recipe = json.loads(results.read_text())["data"]["recipe"]
+    assert RECIPES["2bw"] == (recipe["lr"], recipe["steps"])
+    inside = _resolved("--schedule", "2bw", "--lr", str(recipe["lr"]), "--steps", str(recipe["steps"]))
+    assert [n.split(":")[0] for n in schedule_notes(inside)] == ["note"]
+    assert schedule_notes(_resolved("--schedule", "1f1b")) == []
+
+
 @pytest.mark.parametrize(("argv", "phrases"), [
     (["--schedule", "pipedream", "--clip", "0.5"],
      ["--clip 0.5 with --schedule pipedream", "no update has a gradient norm over all stages",
@@ -84,6 +95,11 @@ def test_a_run_and_its_resume(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["tie_embeddings"] is False and config["args"]["schedule"] == "2bw"
+    # start-up says what the schedule changed, and that 4 steps are outside 2BW's recipe
+    assert ("pipetrain train: note: --schedule 2bw runs with --clip 0.0 and --nonfinite ignore"
+            in done.stderr), done.stderr[-2000:]
+    assert "pipetrain train: warning: --schedule 2bw with --lr" in done.stderr
+    assert "is outside its recipe (a peak LR of at most 0.0003 and at least 100 steps" in done.stderr
     more = train("--steps", "6", "--resume", str(out))
     assert more.returncode == 0, more.stderr[-3000:]
     steps = json.loads((out / "metrics.json").read_text())["steps"]

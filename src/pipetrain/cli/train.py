@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         return train_worker(args)
     from pipetrain.cli.run_folder import new_run_problem, resume_source
-    from pipetrain.cli.train_checks import prepare
+    from pipetrain.cli.train_checks import prepare, schedule_notes
 
     config, _, problems = prepare(args)
     if config.out is None:
@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     slower = precision_warning(config)
     if slower is not None:
         sys.stderr.write(f"pipetrain train: warning: {slower}\n")
+    for note in schedule_notes(config):
+        sys.stderr.write(f"pipetrain train: {note}\n")
     sys.stderr.write(f"pipetrain train: starting {config.num_workers} worker"
                      f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
     sys.stderr.flush()

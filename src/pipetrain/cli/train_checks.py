@@ -17,7 +17,12 @@ from pipetrain.cli.train_layout import layout_problems, stage_count_problem, vir
 from pipetrain.cli.train_options import asynchronous, flag, pipeline_fields
 from pipetrain.cli.train_resolve import Resume, resolve
 
-__all__ = ["Resume", "prepare"]
+__all__ = ["RECIPES", "Resume", "prepare", "schedule_notes"]
+
+RECIPES = {"2bw": (3e-4, 100)}
+"""The asynchronous schedules' recipes: (the highest peak LR, the fewest steps) within
+which their validation loss came within 2% of 1F1B's (docs/asynchronous.md, measured
+by ``pipetrain bench async_convergence``)."""
 
 
 def _option_problems(args: RunConfig) -> list[str]:
@@ -62,6 +67,38 @@ def _option_problems(args: RunConfig) -> list[str]:
     short = corpus_problem(args, context_fixed=args.resume is not None)
     problems += [p for p in (corpus_error or short, hf_problem(args)) if p is not None]
     return problems
+
+
+def schedule_notes(args: RunConfig) -> list[str]:
+    """What the schedule changed of the options (``note: ...``) and a run outside its
+    schedule's recipe (``warning: ...``), one line each, said at start-up.
+
+    Example:
+        >>> config = RunConfig(schedule="2bw", lr=1e-2, steps=300)
+        >>> config.set("schedule", clip=0.0, nonfinite="ignore")
+        >>> [line.split(":")[0] for line in schedule_notes(config)]
+        ['note', 'warning']
+    """
+    if not args.asynchronous:
+        return []
+    notes = []
+    changed = [flag(name, getattr(args, name)) for name in ("clip", "nonfinite")
+               if args.source(name) == "schedule"]
+    if changed:
+        notes.append(f"note: --schedule {args.schedule} runs with {' and '.join(changed)}: its "
+                     "stages update on their own, so there is no gradient norm over all stages "
+                     "to clip by and no step to refuse whole")
+    from pipetrain.schedule import canonical_name
+
+    recipe = RECIPES.get(canonical_name(args.schedule))
+    if recipe is not None and (args.lr > recipe[0] or args.steps < recipe[1]):
+        lr, steps = recipe
+        notes.append(f"warning: --schedule {args.schedule} with --lr {args.lr:g} and --steps "
+                     f"{args.steps} is outside its recipe (a peak LR of at most {lr:g} and at "
+                     f"least {steps} steps; outside it, its validation loss came out up to 27.5% "
+                     f"above 1F1B's: docs/asynchronous.md); fix: --lr {lr:g}"
+                     + (f" --steps {steps}" if args.steps < steps else ""))
+    return notes
 
 
 def _physical_memory() -> int | None:
