@@ -21,7 +21,7 @@ from pipetrain.bench.harness import (
 )
 
 
-@pytest.mark.parametrize("name", ["stats", "output", "machine", "timing", "memory"])
+@pytest.mark.parametrize("name", ["stats", "output", "machine", "timing", "memory", "noise"])
 def test_examples(name: str) -> None:
     module = importlib.import_module(f"pipetrain.bench.harness.{name}")
     result = doctest.testmod(module)
@@ -79,3 +79,18 @@ def test_interleave_times_every_runner_on_the_ranks_that_run_it() -> None:
     assert results[0]["timed"] == {"both": 3, "alone": 3}
     assert results[1]["timed"] == {"both": 3, "alone": 0}
     assert all(r["window"]["wall_s"] > 0 for r in results)
+
+
+def test_noise_warnings_name_disagreeing_repetitions_and_a_busy_machine() -> None:
+    from pipetrain.bench.harness import load_warning, measurement_warnings, spread_warning
+
+    steady = [0.100, 0.102, 0.101, 0.099, 0.100]
+    assert spread_warning("steady", steady) is None
+    noisy = spread_warning("noisy", [0.100, 0.150, 0.101, 0.210, 0.100])
+    assert noisy is not None and noisy.startswith("noisy: repetitions disagree")
+    assert spread_warning("one", [0.1]) is None
+    assert load_warning([2.5, 1.0, 1.0], cores=2) is not None
+    assert load_warning([1.9, 3.0, 3.0], cores=2) is None  # the 1-minute figure counts
+    found = measurement_warnings({"steady": steady, "wide": [1.0, 3.0]},
+                                 load_average=[4.0, 4.0, 4.0], cores=2)
+    assert len(found) == 2 and found[0].startswith("wide:") and "load average 4.0" in found[1]

@@ -23,7 +23,7 @@ from pipetrain.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 
 _FAKE_CASES = '''
-from pipetrain.bench.case import BenchResult, Case, SkipCase, Table
+from pipetrain.bench.case import BenchResult, Case, Goal, SkipCase, Table
 
 
 def _ok(context):
@@ -47,6 +47,18 @@ NO_DATA = Case(name="fake_no_data", title="No data", run=_no_data, quick_seconds
                full_seconds=1)
 NO_PACKAGE = Case(name="fake_no_package", title="Needs a package", run=_ok, quick_seconds=1,
                   full_seconds=1, needs=("no_such_package_for_pipetrain",))
+
+
+def _short(context):
+    goals = [Goal.at_least("plan / even split", 0.53, 1.3, unit="x"),
+             Goal.at_most("step vs ideal", 0.02, 0.05, unit="%")]
+    return BenchResult(tables=[Table(title="Short", columns=["ratio"], rows=[["0.53x"]],
+                                     goals=goals)],
+                       warnings=["plan: repetitions disagree"])
+
+
+SHORT = Case(name="fake_short", title="Misses a goal", run=_short, quick_seconds=1,
+             full_seconds=1)
 '''
 
 
@@ -54,7 +66,7 @@ NO_PACKAGE = Case(name="fake_no_package", title="Needs a package", run=_ok, quic
 def fake_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Four fake cases registered in place of the real ones (one module per case)."""
     names = {"fake_ok": "OK", "fake_boom": "BOOM", "fake_no_data": "NO_DATA",
-             "fake_no_package": "NO_PACKAGE"}
+             "fake_no_package": "NO_PACKAGE", "fake_short": "SHORT"}
     (tmp_path / "fake_bench_cases.py").write_text(textwrap.dedent(_FAKE_CASES))
     for name, attribute in names.items():
         (tmp_path / f"{name}.py").write_text(
@@ -104,7 +116,8 @@ def test_the_suite_records_every_case_and_goes_on_after_a_failure(
                               progress=lines.append)
     statuses = {c["name"]: c["status"] for c in summary["cases"]}
     assert statuses == {"fake_ok": "ok", "fake_boom": "failed", "fake_no_data": "skipped",
-                        "fake_no_package": "skipped", "fake_missing_module": "failed"}
+                        "fake_no_package": "skipped", "fake_short": "ok",
+                        "fake_missing_module": "failed"}
     assert json.loads((out / "summary.json").read_text())["cases"] == summary["cases"]
 
     ok = json.loads((out / "fake_ok.json").read_text())
@@ -126,11 +139,37 @@ def test_the_suite_records_every_case_and_goes_on_after_a_failure(
     assert "no_such_package_for_pipetrain" in json.loads(
         (out / "fake_no_package.json").read_text())["reason"]
 
-    assert lines[0] == "[1/5] fake_ok: started"
+    assert lines[0] == "[1/6] fake_ok: started"
     assert "  fake_ok: half way" in lines
-    assert any(line.startswith("[2/5] fake_boom: failed in ") for line in lines)
-    assert lines[-1].startswith("[5/5] fake_missing_module: failed in ")
+    assert any(line.startswith("[2/6] fake_boom: failed in ") for line in lines)
+    assert lines[-1].startswith("[6/6] fake_missing_module: failed in ")
     assert "cannot be imported" in lines[-1]
+    # every record of the run names the same run
+    runs = {json.loads((out / f"{n}.json").read_text())["metadata"]["run_id"] for n in statuses}
+    assert runs == {summary["run_id"]}
+
+
+def test_a_case_that_misses_a_goal_is_ok_and_says_which(
+        fake_cases: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines: list[str] = []
+    summary = suite.run_suite(["fake_ok", "fake_short"], quick=True, out=tmp_path,
+                              command="pipetrain bench", progress=lines.append)
+    short = json.loads((tmp_path / "fake_short.json").read_text())
+    assert short["status"] == "ok"
+    assert short["reason"] == "goals missed: plan / even split 0.53x (goal >= 1.30x)"
+    assert [g["met"] for g in short["goals"]] == [False, True]
+    assert "plan: repetitions disagree" in short["warnings"]
+    assert "Goals: plan / even split 0.53x (goal >= 1.30x): MISSED; step vs ideal 2.0% " \
+        "(goal <= 5.0%): met." in docs.block_text(short)
+    entry = summary["cases"][1]
+    assert entry["goals_missed"] == ["plan / even split"] and entry["reason"] == short["reason"]
+    assert summary["cases"][0]["goals_missed"] == [] and summary["cases"][0]["reason"] is None
+    assert any(line.startswith("[2/2] fake_short: ok in ") and "goals missed: plan" in line
+               for line in lines)
+    assert "[2/2] fake_short: warning: plan: repetitions disagree" in lines
+    # the command's summary line lists the missed goals too
+    assert main(["bench", "fake_short", "--quick", "--out", str(tmp_path / "c")]) == 0
+    assert "goals missed: plan / even split" in capsys.readouterr().out
 
 
 _RECORD: dict[str, Any] = {

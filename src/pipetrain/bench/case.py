@@ -34,7 +34,61 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchContext", "BenchResult", "Case", "Draw", "SkipCase", "Table"]
+__all__ = ["BenchContext", "BenchResult", "Case", "Draw", "Goal", "SkipCase", "Table"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """A target a table's figure is held to: what, the target, the figure reached, and
+    whether it is met (``None``: not measured in this run).
+
+    Example:
+        >>> goal = Goal.at_least("gpipe: pipetrain / torch throughput", 1.24, 1.0, unit="x")
+        >>> goal.met, goal.text()
+        (True, 'gpipe: pipetrain / torch throughput 1.24x (goal >= 1.00x): met')
+        >>> Goal.at_most("gpipe: step vs ideal", None, 0.05, unit="%").text()
+        'gpipe: step vs ideal - (goal <= 5.0%): not measured'
+    """
+
+    name: str
+    target: str
+    value: str
+    met: bool | None
+
+    @classmethod
+    def at_least(cls, name: str, value: float | None, bound: float, *, unit: str = "") -> Goal:
+        """``value >= bound`` (``unit``: ``"x"`` a ratio, ``"%"`` a fraction shown in %)."""
+        return cls(name=name, target=f">= {_figure(bound, unit)}", value=_figure(value, unit),
+                   met=None if value is None else value >= bound)
+
+    @classmethod
+    def at_most(cls, name: str, value: float | None, bound: float, *, unit: str = "") -> Goal:
+        """``value <= bound``."""
+        return cls(name=name, target=f"<= {_figure(bound, unit)}", value=_figure(value, unit),
+                   met=None if value is None else value <= bound)
+
+    def verdict(self) -> str:
+        return "not measured" if self.met is None else "met" if self.met else "MISSED"
+
+    def text(self) -> str:
+        """The goal in one phrase: name, figure, target, verdict."""
+        return f"{self.name} {self.value} (goal {self.target}): {self.verdict()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "target": self.target, "value": self.value, "met": self.met}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Goal:
+        return cls(name=data["name"], target=data["target"], value=data["value"],
+                   met=data["met"])
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "%":
+        return f"{100 * value:.1f}%"
+    return f"{value:.2f}{unit}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +99,8 @@ class Table:
     paper and where its figure is from); ``notes`` says where and why they differ.
     ``key`` names the table within its case, for a doc block that shows this table
     alone (``<!-- bench:CASE/KEY:begin -->``, see :mod:`pipetrain.bench.docs`).
+    ``goals`` are the targets its figures are held to: the Markdown says whether each is
+    met, and the suite lists the missed ones (:mod:`pipetrain.bench.suite`).
     """
 
     title: str
@@ -53,11 +109,15 @@ class Table:
     anchor: str = ""
     notes: str = ""
     key: str = ""
+    goals: list[Goal] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The table as JSON-ready data (what :meth:`from_dict` reads back)."""
-        return {"title": self.title, "columns": self.columns, "rows": self.rows,
+        data: dict[str, Any] = {"title": self.title, "columns": self.columns, "rows": self.rows,
                 "anchor": self.anchor, "notes": self.notes, "key": self.key}
+        if self.goals:
+            data["goals"] = [g.to_dict() for g in self.goals]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Table:
@@ -69,22 +129,36 @@ class Table:
         """
         return cls(title=data["title"], columns=list(data["columns"]),
                    rows=[list(row) for row in data["rows"]], anchor=data.get("anchor", ""),
-                   notes=data.get("notes", ""), key=data.get("key", ""))
+                   notes=data.get("notes", ""), key=data.get("key", ""),
+                   goals=[Goal.from_dict(g) for g in data.get("goals", [])])
 
     def markdown(self) -> str:
-        """The table as Markdown (with its anchor and notes below it).
+        """The table as Markdown (with its anchor, notes and goals below it).
 
         Example:
             >>> print(Table(title="t", columns=["a", "b"], rows=[[1, 2.5]]).markdown())
             | a | b |
             |---|---|
             | 1 | 2.5 |
+            >>> goal = Goal.at_least("b", 2.5, 3.0)
+            >>> print(Table(title="t", columns=["b"], rows=[[2.5]], goals=[goal]).markdown())
+            | b |
+            |---|
+            | 2.5 |
+            <BLANKLINE>
+            Goals: b 2.50 (goal >= 3.00): MISSED.
         """
         lines = ["| " + " | ".join(self.columns) + " |",
                  "|" + "---|" * len(self.columns)]
         lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in self.rows]
-        extra = [text for text in (self.anchor and f"Anchor: {self.anchor}.", self.notes) if text]
+        goals = self.goals and "Goals: " + "; ".join(g.text() for g in self.goals) + "."
+        extra = [text for text in (self.anchor and f"Anchor: {self.anchor}.", self.notes, goals)
+                 if text]
         return "\n\n".join(["\n".join(lines), *extra])
+
+    def missed(self) -> list[Goal]:
+        """The goals this table's figures missed."""
+        return [g for g in self.goals if g.met is False]
 
 
 def _cell(value: Any) -> str:
@@ -96,11 +170,13 @@ def _cell(value: Any) -> str:
 @dataclass(kw_only=True)
 class BenchResult:
     """What a case returns: its tables, the PNGs it wrote (file names in the output
-    folder) and its raw data (JSON-ready)."""
+    folder), its raw data (JSON-ready) and warnings about its measurements (repetitions
+    that disagree: :func:`pipetrain.bench.harness.noise.measurement_warnings`)."""
 
     tables: list[Table]
     plots: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,8 +66,9 @@ def _gib(value: Any) -> str:
 
 
 def provenance(record: Mapping[str, Any]) -> str:
-    """The line that says which run produced a case's tables: date, machine, versions,
-    command, size, wall time.
+    """The line that says which run produced a case's tables: date, machine (with the
+    load average before and after the case), versions, command, size, wall time; then
+    the run's warnings about its measurements (a busy machine, repetitions that disagree).
 
     Example:
         >>> record = {"name": "transport", "quick": False, "wall_s": 12.0, "status": "ok",
@@ -88,6 +89,7 @@ def provenance(record: Mapping[str, Any]) -> str:
     before, after = machine.get("load_average_before"), machine.get("load_average_after")
     load = ("" if not before or not after else
             f", load average {before[0]:.1f} before and {after[0]:.1f} after")
+    warnings = "".join(f" Warning: {w}." for w in record.get("warnings") or [])
     versions = meta.get("versions", {})
     named = [f"{'Python' if name == 'python' else name} {version}"
              for name, version in versions.items() if version]
@@ -95,7 +97,7 @@ def provenance(record: Mapping[str, Any]) -> str:
     return (f"*Generated from `{meta.get('command', 'pipetrain bench')}`, run "
             f"{meta.get('date', '?')} ({record.get('wall_s', 0):.0f} s{size}): "
             f"{machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
-            f"{_gib(machine.get('memory_bytes'))}{load}; {', '.join(named)}.*")
+            f"{_gib(machine.get('memory_bytes'))}{load}; {', '.join(named)}.*{warnings}")
 
 
 PLOTS = "plots"

@@ -8,9 +8,17 @@ processes' and those it spawned) and status
 (``ok``, ``skipped`` with the reason, ``failed`` with the error), the pictures the case's
 ``draw`` made from its tables and data after it ran (their file names in ``plots``; a
 drawing that fails leaves ``draw_error`` and the status as it was), and the run's metadata
-(:func:`pipetrain.bench.run_info.run_metadata`: date, command line, machine with the
-load average before and after the case, versions). A case that fails is recorded and
-the others still run. ``OUT/summary.json`` lists every case's status and wall time.
+(:func:`pipetrain.bench.run_info.run_metadata`: date, command line, the run's identifier
+shared by every case of one ``run_suite`` call, machine with the load average before and
+after the case, versions). A case that fails is recorded and the others still run.
+
+Goals and warnings: a case that ran is ``ok`` even when its tables miss their goals
+(:class:`~pipetrain.bench.case.Goal`); the record lists every goal (``goals``) and its
+``reason`` names the missed ones (``goals missed: ...``), which the progress line and the
+command's summary show. ``warnings`` holds the case's own (repetitions that disagree) and
+a load average above the core count before or after it
+(:mod:`pipetrain.bench.harness.noise`). ``OUT/summary.json`` lists every case's status,
+wall time, missed goals and warnings.
 """
 
 from __future__ import annotations
@@ -19,17 +27,19 @@ import json
 import resource
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, Draw, SkipCase
+from pipetrain.bench.case import BenchContext, BenchResult, Draw, Goal, SkipCase
 from pipetrain.bench.drawings import draw_record, merge_plots
+from pipetrain.bench.harness.noise import load_warning
 from pipetrain.bench.harness.output import dump_json
 from pipetrain.bench.registry import check_names, import_failure, load_case, skip_reason
 from pipetrain.bench.run_info import load_average, run_metadata
 
-__all__ = ["STATUSES", "run_case", "run_suite", "write_json"]
+__all__ = ["STATUSES", "missed_goals", "new_run_id", "run_case", "run_suite", "write_json"]
 
 STATUSES = ("ok", "skipped", "failed")
 """A case's outcome in its result file."""
@@ -91,9 +101,35 @@ def _outcome(name: str, context: BenchContext) -> dict[str, Any]:
     if not isinstance(result, BenchResult):
         return {"title": case.title, "status": "failed",
                 "reason": f"run() returned {type(result).__name__}, not a BenchResult"}
-    return {"title": case.title, "status": "ok", "reason": None,
+    goals = [g for t in result.tables for g in t.goals]
+    missed = [g for t in result.tables for g in t.missed()]
+    return {"title": case.title, "status": "ok", "reason": missed_goals(missed),
             "tables": [t.to_dict() for t in result.tables], "plots": list(result.plots),
-            "data": result.data}
+            "data": result.data, "goals": [g.to_dict() for g in goals],
+            "warnings": list(result.warnings)}
+
+
+def missed_goals(missed: list[Goal]) -> str | None:
+    """The reason line of a case that ran but missed goals (``None``: none missed).
+
+    Example:
+        >>> missed_goals([Goal.at_least("plan / even split", 0.53, 1.3, unit="x")])
+        'goals missed: plan / even split 0.53x (goal >= 1.30x)'
+    """
+    if not missed:
+        return None
+    return "goals missed: " + "; ".join(f"{g.name} {g.value} (goal {g.target})" for g in missed)
+
+
+def new_run_id() -> str:
+    """A new run's identifier: its start time and a random suffix (what ties the result
+    files of one ``pipetrain bench`` run together).
+
+    Example:
+        >>> len(new_run_id().split("-")[-1])
+        8
+    """
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
 def _drawn(draw: Draw, outcome: dict[str, Any], context: BenchContext) -> dict[str, Any]:
@@ -111,15 +147,16 @@ def _drawn(draw: Draw, outcome: dict[str, Any], context: BenchContext) -> dict[s
 
 
 def run_case(name: str, *, quick: bool, out: Path, command: str,
-             progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run one case and write ``out/<name>.json``; the record written.
+             progress: Callable[[str], None], run_id: str | None = None) -> dict[str, Any]:
+    """Run one case and write ``out/<name>.json``; the record written. ``run_id``: the
+    run it belongs to (default: a run of its own).
 
     Example::
 
         record = run_case("transport", quick=True, out=Path("results"),
                           command="pipetrain bench transport --quick", progress=log)
     """
-    metadata = run_metadata(command)
+    metadata = {**run_metadata(command), "run_id": run_id or new_run_id()}
     context = BenchContext(quick=quick, out=out, progress=lambda line: progress(f"  {name}: {line}"))
     began, cpu = time.perf_counter(), _cpu_seconds()
     outcome = _outcome(name, context)
@@ -127,8 +164,13 @@ def run_case(name: str, *, quick: bool, out: Path, command: str,
     metadata["machine"]["load_average_after"] = load_average()
     record: dict[str, Any] = {"name": name, "quick": quick, "wall_s": round(wall, 3),
                               "cpu_s": round(_cpu_seconds() - cpu, 3),
-                              "tables": [], "plots": [], "data": {}, **outcome,
-                              "metadata": metadata}
+                              "tables": [], "plots": [], "data": {}, "goals": [],
+                              "warnings": [], **outcome, "metadata": metadata}
+    machine = metadata["machine"]
+    for when in ("before", "after"):
+        busy = load_warning(machine.get(f"load_average_{when}"), cores=machine.get("usable_cores"))
+        if busy is not None:
+            record["warnings"].append(f"{when} the case: {busy}")
     draw = load_case(name).draw if record["status"] == "ok" else None
     if draw is not None:
         record.update(_drawn(draw, record, context))
@@ -152,19 +194,25 @@ def run_suite(names: Sequence[str], *, quick: bool, out: Path, command: str,
     """
     check_names(names)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {**run_metadata(command), "quick": quick, "out": str(out),
-                               "cases": []}
+    run_id = new_run_id()
+    summary: dict[str, Any] = {**run_metadata(command), "run_id": run_id, "quick": quick,
+                               "out": str(out), "cases": []}
     began = time.perf_counter()
     for k, name in enumerate(names, 1):
         progress(f"[{k}/{len(names)}] {name}: started")
-        record = run_case(name, quick=quick, out=out, command=command, progress=progress)
+        record = run_case(name, quick=quick, out=out, command=command, progress=progress,
+                          run_id=run_id)
         ending = f"{record['status']} in {record['wall_s']:.1f} s"
         if record["reason"]:
             ending += f" ({record['reason']})"
         progress(f"[{k}/{len(names)}] {name}: {ending}")
+        for warning in record["warnings"]:
+            progress(f"[{k}/{len(names)}] {name}: warning: {warning}")
+        missed = [g["name"] for g in record["goals"] if g["met"] is False]
         summary["cases"].append({"name": name, "title": record["title"],
                                  "status": record["status"], "reason": record["reason"],
-                                 "wall_s": record["wall_s"], "cpu_s": record["cpu_s"]})
+                                 "wall_s": record["wall_s"], "cpu_s": record["cpu_s"],
+                                 "goals_missed": missed, "warnings": record["warnings"]})
         write_json(out / "summary.json", summary)
     summary["wall_s"] = round(time.perf_counter() - began, 3)
     summary["machine"]["load_average_after"] = load_average()

@@ -12,6 +12,8 @@ ratios. The pieces:
 - :mod:`.stats`: medians, quartiles, summaries;
 - :mod:`.machine`: what else used the CPU while we measured (``/proc/stat``), the load
   average, the machine's description;
+- :mod:`.noise`: warnings when repetitions disagree or the load average is above the
+  core count (plain functions, for any command that times something);
 - :mod:`.memory`: the peak memory of a region of a process (RSS growth on the CPU, the
   CUDA allocator's peak on a GPU);
 - :mod:`.output`: strict JSON and the small formatters of the reports.
@@ -25,6 +27,7 @@ from __future__ import annotations
 from pipetrain.bench.harness.jobs import agree, gather_objects, run_job
 from pipetrain.bench.harness.machine import CpuWindow, foreign_load, load_line, machine_info
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
+from pipetrain.bench.harness.noise import load_warning, measurement_warnings, spread_warning
 from pipetrain.bench.harness.output import dump_json, finite, ms, pct, stage_ms
 from pipetrain.bench.harness.stats import median, quartiles, summary
 from pipetrain.bench.harness.timing import Sample, interleave, step_times
@@ -40,13 +43,16 @@ __all__ = [
     "gather_objects",
     "interleave",
     "load_line",
+    "load_warning",
     "machine_info",
+    "measurement_warnings",
     "median",
     "memory_available",
     "ms",
     "pct",
     "quartiles",
     "run_job",
+    "spread_warning",
     "stage_ms",
     "step_times",
     "summary",
