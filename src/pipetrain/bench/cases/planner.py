@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
 from pipetrain.bench.drawings import bars, find_table, series
 from pipetrain.bench.harness import median, run_job
 
@@ -298,7 +298,11 @@ def _tables(result: dict[str, Any], opts: Options) -> list[Table]:
               f"predicted step within {GOAL_ERROR:.0%} of the measured one. Bandwidth "
               f"{result['bandwidth']:.3g} B/s (measured in the job); profiled in "
               f"{result['profile_seconds']:.1f} s, planned in {result['plan_seconds']:.2f} s.",
-        key="plan_vs_even")
+        key="plan_vs_even",
+        goals=[Goal.at_least("plan / even split throughput", result["speedup"], GOAL_SPEEDUP,
+                             unit="x"),
+               Goal.at_most("plan: |predicted / measured - 1|",
+                            abs(layouts["plan"]["error"]), GOAL_ERROR, unit="%")])
     rows = []
     for name, e in layouts.items():
         for kind in ("forward", "backward", "backward_input", "backward_weight", "reduce",
