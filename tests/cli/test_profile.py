@@ -56,3 +56,36 @@ def test_a_captured_model_logs_nothing_at_info(
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("pipetrain")]
     assert any("capturing with use_cache=False" in message for _, message in said)  # the path ran
     assert [message for level, message in said if level >= logging.INFO] == []
+
+
+def _profile(times: list[float], spread: float = 0.0) -> object:
+    from pipetrain.plan import LayerProfile, Profile
+
+    return Profile(layers=tuple(
+        LayerProfile(name=str(i), description="Block(64)", forward_s=t, backward_s=2 * t,
+                     parameter_bytes=4096, spread=spread) for i, t in enumerate(times)))
+
+
+def test_alike_layers_measured_apart_and_a_busy_machine_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: on a loaded machine one of eight identical blocks measured 2.3x the others and
+    profile said nothing (each layer's own repetitions agreed)."""
+    from pipetrain.cli.profile import profile_warnings
+
+    monkeypatch.setattr("os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert profile_warnings(_profile([1e-3] * 8)) == []
+    warnings = profile_warnings(_profile([1e-3] * 7 + [2.3e-3]))
+    assert warnings == ["layers 0, 1, 2, 3, 4, 5, 6 and 7 are alike (Block(64)) but took 3.0 to "
+                        "6.9 ms (2.3x)"]
+    assert "spread by more than 20% (up to 35%)" in profile_warnings(_profile([1e-3] * 2, 0.35))[0]
+    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert profile_warnings(_profile([1e-3] * 2))[-1].startswith("load average 64.0 above the")
+
+
+def test_plan_warns_about_a_profile_measured_on_a_busy_machine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(_profile([1e-3] * 3 + [2.3e-3]).to_json())  # type: ignore[attr-defined]
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9"]) == 0
+    err = capsys.readouterr().err
+    assert "pipetrain plan: warning: the profile's layers 0, 1, 2 and 3 are alike" in err
+    assert "fix: profile again on a quiet machine" in err

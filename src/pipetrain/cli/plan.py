@@ -125,6 +125,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot read --profile {args.profile!r}: {error.strerror or error}")
     except ValueError as error:
         return _fail(f"--profile {args.profile!r}: {error}")
+    if profile.is_sequence:
+        from pipetrain.cli.profile import profile_warnings
+
+        for warning in profile_warnings(profile):
+            if not warning.startswith("load average"):  # measured then, not now
+                sys.stderr.write(f"pipetrain plan: warning: the profile's {warning}: its plan "
+                                 "may cut badly; fix: profile again on a quiet machine\n")
     try:
         topology = Topology.from_lists(
             args.workers, args.bandwidth, spell=("--workers", "--bandwidth")

@@ -26,9 +26,11 @@ from typing import Any
 from pipetrain.cli.train_options import add_train_arguments
 from pipetrain.counts import count_of
 
-__all__ = ["SPREAD_WARNING", "add_parser", "run"]
+__all__ = ["ALIKE_WARNING", "SPREAD_WARNING", "add_parser", "profile_warnings", "run"]
 
 SPREAD_WARNING = 0.2
+ALIKE_WARNING = 1.5
+"""Layers alike in kind and size whose times differ by more than this factor are named."""
 """A layer whose repetitions spread more than this (relative) is reported as unreliable."""
 
 
@@ -80,11 +82,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(problems)
     import torch
 
+    from pipetrain.bench.harness.noise import load_warning
     from pipetrain.cli.run_model import profile_inputs, run_dataset
     from pipetrain.cli.train_options import gpt_config
     from pipetrain.plan.profiler import profile_model
     from pipetrain.trace import ProgressBar
 
+    load_before = load_warning()
     workers = config.num_workers
     threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
     before = torch.get_num_threads()
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
         profile = _with_model(profile, model_identity(config))
     profile.save(args.output)
-    _report(profile, args.output)
+    _report(profile, args.output, load_before=load_before)
     return 0
 
 
@@ -120,27 +124,69 @@ def _with_model(profile: Any, identity: dict[str, Any]) -> Any:
     return dataclasses.replace(profile, model=identity)
 
 
-def _report(profile: Any, path: str) -> None:
+def profile_warnings(profile: Any, *, load_before: str | None = None) -> list[str]:
+    """Why the times of ``profile`` may not be trusted, one line each: layers whose
+    repetitions spread by more than :data:`SPREAD_WARNING`, layers alike in kind and size
+    whose times differ by more than :data:`ALIKE_WARNING` times (a busy spell hit one of
+    them), and a load average above the core count (``load_before``: the one seen when
+    the measurements started).
+
+    Example:
+        >>> from pipetrain.plan import LayerProfile, Profile
+        >>> block = dict(description="Block(64)", backward_s=1e-3, parameter_bytes=100)
+        >>> alike = [LayerProfile(name=str(i), forward_s=t, **block) for i, t in enumerate([1e-3, 1e-3, 2.3e-3])]
+        >>> profile_warnings(Profile(layers=tuple(alike)))[0]
+        'layers 0, 1 and 2 are alike (Block(64)) but took 2.0 to 3.3 ms (1.6x)'
+    """
+    from pipetrain.bench.harness.noise import load_warning
+
+    warnings = []
+    noisy = [(layer.name, layer.spread) for layer in profile.layers
+             if (layer.spread or 0.0) > SPREAD_WARNING]
+    if noisy:
+        worst = max(spread for _, spread in noisy)
+        warnings.append(f"the repetitions of layer(s) {', '.join(n for n, _ in noisy)} spread by "
+                        f"more than {SPREAD_WARNING:.0%} (up to {worst:.0%})")
+    groups: dict[tuple[str, int, int], list[Any]] = {}
+    for layer in profile.layers:
+        key = (layer.description, layer.parameter_bytes, layer.output_bytes)
+        groups.setdefault(key, []).append(layer)
+    for (description, _, _), alike in groups.items():
+        times = [_time(layer) for layer in alike]
+        if len(alike) > 1 and description and min(times) > 0 and max(times) > ALIKE_WARNING * min(times):
+            names = [layer.name for layer in alike]
+            listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+            warnings.append(f"layers {listed} are alike ({description[:40]}) but took "
+                            f"{min(times) * 1e3:.1f} to {max(times) * 1e3:.1f} ms "
+                            f"({max(times) / min(times):.1f}x)")
+    for load in (load_before, load_warning()):
+        if load is not None and load not in warnings:
+            warnings.append(load)
+    return warnings
+
+
+def _time(layer: Any) -> float:
+    forward = layer.microbatch_forward_s if layer.microbatch_forward_s is not None else layer.forward_s
+    backward = (layer.microbatch_backward_s if layer.microbatch_backward_s is not None
+                else layer.backward_s)
+    return float(forward + backward)
+
+
+def _report(profile: Any, path: str, *, load_before: str | None) -> None:
     lines = [f"{'layer':>5}  {'forward ms':>10}  {'backward ms':>11}  {'spread':>6}  what"]
-    unreliable = []
     for layer in profile.layers:
         forward = layer.microbatch_forward_s if layer.microbatch_forward_s is not None else layer.forward_s
         backward = (layer.microbatch_backward_s if layer.microbatch_backward_s is not None
                     else layer.backward_s)
-        spread = layer.spread or 0.0
-        if spread > SPREAD_WARNING:
-            unreliable.append((layer.name, spread))
         lines.append(f"{layer.name:>5}  {forward * 1e3:10.3f}  {backward * 1e3:11.3f}  "
-                     f"{spread:6.0%}  {layer.description[:60]}")
+                     f"{layer.spread or 0.0:6.0%}  {layer.description[:60]}")
     sys.stdout.write("\n".join(lines) + "\n")
     summary = profile.model.get("summary", f"{profile.num_layers} layers")
     sys.stdout.write(f"wrote {path}: {summary}, times at micro-batches of "
                      f"{profile.microbatch_size} on {profile.device}\n")
-    if unreliable:
-        worst = max(s for _, s in unreliable)
-        names = ", ".join(name for name, _ in unreliable)
-        sys.stderr.write(
-            f"pipetrain profile: warning: the repetitions of layer(s) {names} spread by more than "
-            f"{SPREAD_WARNING:.0%} (up to {worst:.0%}): the machine was busy, and a plan from "
-            "these times may cut badly; profile again when it is quiet, or with more "
-            "--repetitions\n")
+    warnings = profile_warnings(profile, load_before=load_before)
+    for warning in warnings:
+        sys.stderr.write(f"pipetrain profile: warning: {warning}\n")
+    if warnings:
+        sys.stderr.write("pipetrain profile: a plan from these times may cut badly; profile "
+                         "again when the machine is quiet, or with more --repetitions\n")
