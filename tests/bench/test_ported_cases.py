@@ -38,6 +38,7 @@ def test_the_declared_quick_durations_fit_the_five_minute_budget() -> None:
 def test_quick_sizes_keep_every_schedule_and_runner() -> None:
     assert vs_torch_pipelining.QUICK.schedules == SCHEDULES == vs_torch_pipelining.FULL.schedules
     assert vs_torch_pipelining.QUICK.tf_schedules == ("gpipe", "1f1b")
+    assert vs_torch_pipelining.FULL.tf_schedules == SCHEDULES  # every schedule, both models
     assert async_convergence.QUICK.runners == ("1f1b", "1f1b-untied", "pipedream", "2bw")
     assert async_convergence.QUICK.steps < async_convergence.FULL.steps
     assert transport.QUICK.rows == transport.FULL.rows
@@ -90,7 +91,7 @@ def test_each_schedule_is_compared_with_the_fastest_torch_variant() -> None:
 
 def test_the_mlp_tables_name_the_anchor_and_the_goals() -> None:
     ours = {"median_s": 0.1, "predicted_makespan_s": 0.1, "measured_makespan_s": 0.105,
-            "gap": 0.05, "bubble_measured": 0.1}
+            "gap": 0.05, "bubble_measured": 0.1, "over_ideal": 0.08}
     theirs = {"median_s": 0.13}
     result = {"schedules": {"gpipe": {
         "pipetrain": ours, "torch": {"ScheduleGPipe": theirs}, "torch_best": "ScheduleGPipe",
@@ -102,11 +103,17 @@ def test_the_mlp_tables_name_the_anchor_and_the_goals() -> None:
                                    "step": [0.0, 0.0]}}}
     main, ideal = mlp_tables(result, Options())
     assert main.key == "mlp" and ideal.key == "mlp_ideal"
-    assert main.rows == [["gpipe", 100.0, 130.0, "ScheduleGPipe", "1.30x", "-", 100.0, 105.0,
-                          "+5.0%", "10.0%", "-"]]
-    assert "Goals: pipetrain >= 1.2x" in main.notes
+    assert main.rows == [["gpipe", 100.0, 130.0, "ScheduleGPipe", "1.30x", "-", "yes",
+                          "+8.0%", "+5.0%", "10.0%", "-"]]
+    # what each side ran with
+    assert "scale_grads=False" in main.anchor and "set_to_none=False" in main.anchor
     assert [r[0] for r in ideal.rows] == ["pipetrain gpipe", "torch ScheduleGPipe"]
-    assert goals({"mlp": result}) == {"gpipe": {"throughput": True, "simulator": True}}
+    assert [(g.name, g.met) for g in main.goals] == [
+        ("MLP gpipe: pipetrain / torch throughput", True),
+        ("MLP gpipe: step vs ideal", False),  # 8% over, the goal is 5%
+        ("MLP gpipe: measured vs simulated", True)]
+    assert "MLP gpipe: step vs ideal 8.0% (goal <= 5.0%): MISSED" in main.markdown()
+    assert goals({"mlp": result}) == {g.name: g.met for g in main.goals}
 
 
 def test_the_meta_memory_table_compares_every_rank_with_the_cap() -> None:

@@ -142,8 +142,9 @@ def test_the_suite_records_every_case_and_goes_on_after_a_failure(
     assert lines[0] == "[1/6] fake_ok: started"
     assert "  fake_ok: half way" in lines
     assert any(line.startswith("[2/6] fake_boom: failed in ") for line in lines)
-    assert lines[-1].startswith("[6/6] fake_missing_module: failed in ")
-    assert "cannot be imported" in lines[-1]
+    ends = [line for line in lines if ": warning: " not in line]  # a busy machine adds some
+    assert ends[-1].startswith("[6/6] fake_missing_module: failed in ")
+    assert "cannot be imported" in ends[-1]
     # every record of the run names the same run
     runs = {json.loads((out / f"{n}.json").read_text())["metadata"]["run_id"] for n in statuses}
     assert runs == {summary["run_id"]}

@@ -27,7 +27,12 @@ from __future__ import annotations
 from pipetrain.bench.harness.jobs import agree, gather_objects, run_job
 from pipetrain.bench.harness.machine import CpuWindow, foreign_load, load_line, machine_info
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
-from pipetrain.bench.harness.noise import load_warning, measurement_warnings, spread_warning
+from pipetrain.bench.harness.noise import (
+    load_warning,
+    measurement_warnings,
+    spread_warning,
+    spread_warnings,
+)
 from pipetrain.bench.harness.output import dump_json, finite, ms, pct, stage_ms
 from pipetrain.bench.harness.stats import median, quartiles, summary
 from pipetrain.bench.harness.timing import Sample, interleave, step_times
@@ -53,6 +58,7 @@ __all__ = [
     "quartiles",
     "run_job",
     "spread_warning",
+    "spread_warnings",
     "stage_ms",
     "step_times",
     "summary",

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 __all__ = ["SPREAD_TOLERANCE", "load_warning", "measurement_warnings", "relative_spread",
-           "spread_warning"]
+           "spread_warning", "spread_warnings"]
 
 SPREAD_TOLERANCE = 0.10
 """Repetitions whose interquartile range exceeds this share of their median disagree."""
@@ -87,6 +87,19 @@ def load_warning(load_average: Sequence[float] | None = None, *,
             f"the CPU, timings are not comparable")
 
 
+def spread_warnings(samples: Mapping[str, Sequence[float]], *,
+                    tolerance: float = SPREAD_TOLERANCE) -> list[str]:
+    """A warning per label of ``samples`` (repetitions by label) whose values disagree.
+
+    Example:
+        >>> spread_warnings({"a": [1.0, 1.0, 1.0], "b": [1.0, 1.5]})
+        ['b: repetitions disagree (spread 40% of the median 1.2, 2 values; more than 10%)']
+    """
+    found = [spread_warning(label, values, tolerance=tolerance)
+             for label, values in samples.items()]
+    return [w for w in found if w is not None]
+
+
 def measurement_warnings(samples: Mapping[str, Sequence[float]], *,
                          load_average: Sequence[float] | None = None,
                          cores: int | None = None,
@@ -98,7 +111,5 @@ def measurement_warnings(samples: Mapping[str, Sequence[float]], *,
         ...                      load_average=[0.1, 0.1, 0.1], cores=2)
         ['b: repetitions disagree (spread 100% of the median 1, 3 values; more than 10%)']
     """
-    found = [spread_warning(label, values, tolerance=tolerance)
-             for label, values in samples.items()]
-    found.append(load_warning(load_average, cores=cores))
-    return [w for w in found if w is not None]
+    busy = load_warning(load_average, cores=cores)
+    return [*spread_warnings(samples, tolerance=tolerance), *([busy] if busy else [])]

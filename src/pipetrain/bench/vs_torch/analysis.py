@@ -143,7 +143,7 @@ def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any
         row: dict[str, Any] = {
             "framework": info["framework"], "schedule": info["schedule"],
             "num_stages": info["num_stages"], "stage_to_rank": list(info["stage_to_rank"]),
-            **summary(times), "steps_per_s": 1.0 / median(times),
+            **summary(times), "step_s": times, "steps_per_s": 1.0 / median(times),
             "main_thread_cpu_s_per_rank": [median([s.main_cpu_s for s in g[label]])
                                            for g in samples],
             "other_threads_cpu_s_per_rank": [median([s.other_cpu_s for s in g[label]])

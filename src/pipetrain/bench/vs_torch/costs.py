@@ -2,7 +2,8 @@
 
 :func:`measure_costs` times a module's forward and backward on a micro-batch and its
 optimizer step with plain autograd, as a step runs them (``M`` forwards and backwards
-accumulating, then one optimizer step), in the calling process alone: no pipeline, no
+accumulating into gradients kept between steps, then one optimizer step), in the calling
+process alone: no pipeline, no
 communication. :func:`ideal` simulates a schedule with such costs: the step a pipeline
 with zero overhead would take. :func:`torch_schedule_as_pipetrain` turns the order torch
 ran into a pipetrain schedule, so that torch is measured against the same yardstick.
@@ -52,7 +53,7 @@ def measure_costs(module: Any, batch: Callable[[], tuple[Any, Any]], *,
         t2 = time.perf_counter()
         if opt is not None:
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)  # gradients kept, as both frameworks run
         if k > 0:
             step.append(time.perf_counter() - t2)
     return {"forward": statistics.median(forward), "backward": statistics.median(backward),

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 from pipetrain.bench.vs_torch.runners import TORCH_VARIANTS
 
-__all__ = ["SCHEDULES", "TRANSFORMER_SCHEDULES", "Options"]
+__all__ = ["SCHEDULES", "Options"]
 
 SCHEDULES = tuple(TORCH_VARIANTS)
-"""pipetrain's schedules compared on the MLP, by the name used in the tables."""
-TRANSFORMER_SCHEDULES = ("gpipe", "1f1b")
+"""pipetrain's schedules compared with torch's, by the name used in the tables."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +45,7 @@ class Options:
     tf_balance: tuple[int, int] | None = None
     """Layers per stage (embedding, blocks, head); ``None``: the cut whose ideal 1F1B step
     is shortest."""
-    tf_schedules: tuple[str, ...] = TRANSFORMER_SCHEDULES
+    tf_schedules: tuple[str, ...] = SCHEDULES
     tf_reps: int = 15
     tf_warmup: int = 3
     tf_cost_rounds: int = 2
@@ -54,7 +53,8 @@ class Options:
     trace_torch: bool = True
     """Time each forward / backward call of torch's stages (~1 us per call)."""
     malloc_tuned: bool = False
-    """Run the workers with glibc's trim and mmap thresholds raised (both frameworks)."""
+    """Run the workers with glibc's trim and mmap thresholds raised (both frameworks; off:
+    torch keeps its gradient buffers between steps instead, as pipetrain does)."""
     timeout: float = 1800.0
     torch_timeout: float = 120.0
     """Timeout of torch's process groups."""
@@ -64,10 +64,9 @@ class Options:
         unknown = [s for s in self.schedules if s not in SCHEDULES]
         if unknown:
             problems.append(f"unknown schedules {unknown}; choose from {', '.join(SCHEDULES)}")
-        unknown = [s for s in self.tf_schedules if s not in TRANSFORMER_SCHEDULES]
+        unknown = [s for s in self.tf_schedules if s not in SCHEDULES]
         if unknown:
-            problems.append(f"unknown tf_schedules {unknown}; choose from "
-                            f"{', '.join(TRANSFORMER_SCHEDULES)}")
+            problems.append(f"unknown tf_schedules {unknown}; choose from {', '.join(SCHEDULES)}")
         if self.batch % self.microbatches:
             problems.append(f"batch {self.batch} is not a multiple of microbatches "
                             f"{self.microbatches}")

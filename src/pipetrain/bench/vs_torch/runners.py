@@ -2,8 +2,13 @@
 
 Both frameworks build the same layers from the same seeded factories, cut at the same
 layer boundaries, and step the same optimizer. pipetrain: ``Pipeline.train_step`` (which
-also returns the mean loss on every rank). torch: ``schedule.step(...)`` +
-``optimizer.step()`` + ``zero_grad()``, nothing else.
+also returns the mean loss on every rank), its defaults. torch: ``schedule.step(...)`` +
+``optimizer.step()`` + ``zero_grad()``, nothing else, at the settings its users would pick
+for speed (:data:`TORCH_SETTINGS`): ``scale_grads=False`` with the loss divided by the
+number of micro-batches instead (:func:`per_microbatch`: the same gradients without a pass
+over every gradient after the last backward), and ``zero_grad(set_to_none=False)``, which
+keeps the gradient buffers between steps as pipetrain does (freed buffers come back from
+the operating system as fresh pages, page-faulted on the next step's first backward).
 """
 
 from __future__ import annotations
@@ -13,10 +18,29 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["TORCH_VARIANTS", "WORLD_SIZE", "PipetrainRunner", "TorchRunner", "placement",
-           "stage_ranges"]
+__all__ = ["TORCH_SETTINGS", "TORCH_VARIANTS", "WORLD_SIZE", "PipetrainRunner", "TorchRunner",
+           "per_microbatch", "placement", "stage_ranges"]
 
 WORLD_SIZE = 2
+
+TORCH_SETTINGS = ("scale_grads=False with the loss divided by the micro-batches, "
+                  "zero_grad(set_to_none=False) (gradients kept between steps)")
+"""How torch's runners are set up, in the words the tables use."""
+
+
+def per_microbatch(loss_fn: Callable[..., Any], microbatches: int) -> Callable[..., Any]:
+    """``loss_fn`` divided by ``microbatches``: what torch's ``scale_grads=True`` does to
+    the gradients after the backward, done to the loss before it (the same gradients; the
+    loss a step reports is then the mean's ``1 / microbatches``).
+
+    Example:
+        >>> per_microbatch(lambda out, target: out - target, 4)(10.0, 2.0)
+        2.0
+    """
+    def scaled(output: Any, target: Any) -> Any:
+        return loss_fn(output, target) / microbatches
+
+    return scaled
 
 # torch runners per schedule: (label, torch class name, stages per rank, placement)
 TORCH_VARIANTS: dict[str, tuple[tuple[str, str, int, str], ...]] = {
@@ -112,10 +136,12 @@ class TorchRunner:
     """torch.distributed.pipelining: PipelineStage(s) + a schedule + one optimizer per rank.
 
     ``trace`` times the compute calls of its stages (two ``perf_counter`` reads and an
-    append each), which gives its per-action timeline. ``scale_grads=False``: torch does
-    not divide the gradients by the number of micro-batches after the backward (the
-    caller's ``loss_fn`` then divides the loss instead: the same gradients, one pass over
-    them fewer)."""
+    append each), which gives its per-action timeline. ``loss_fn`` is the mean loss of a
+    micro-batch; with ``scale_grads=False`` (the default) torch does not divide the
+    gradients by the number of micro-batches after the backward, and the runner divides
+    the loss instead (:func:`per_microbatch`: the same gradients, one pass over them
+    fewer); :meth:`loss` reports the mean either way. ``keep_grads``: ``zero_grad`` keeps
+    the gradient buffers (``set_to_none=False``)."""
 
     framework = "torch"
 
@@ -123,7 +149,8 @@ class TorchRunner:
                  factories: Sequence[Any], *, microbatches: int,
                  loss_fn: Callable[..., Any], optimizer: Callable[[Any], Any],
                  balance: Sequence[int] | None = None, trace: bool = True,
-                 timeout: float = 60.0, scale_grads: bool = True) -> None:
+                 timeout: float = 60.0, scale_grads: bool = False,
+                 keep_grads: bool = True) -> None:
         import torch
         import torch.distributed as dist
         from torch import nn
@@ -148,7 +175,11 @@ class TorchRunner:
         cls = getattr(pipelining, class_name)
         stages = self.stages[0] if (stages_per_rank == 1 and class_name in (
             "ScheduleGPipe", "Schedule1F1B")) else self.stages
-        self.schedule = cls(stages, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+        self.scale_grads = scale_grads
+        self.keep_grads = keep_grads
+        self.schedule = cls(stages, microbatches, scale_grads=scale_grads,
+                            loss_fn=loss_fn if scale_grads else per_microbatch(loss_fn,
+                                                                               microbatches))
         params = [p for m in self.modules.values() for p in m.parameters()]
         self.optimizer = optimizer(params)
         self.has_first = 0 in self.local
@@ -204,7 +235,7 @@ class TorchRunner:
             self.schedule.step(*args)
         start = time.perf_counter()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         self.events.append((self.local[0], "STEP", None, start, time.perf_counter()))
 
     def after_timed_step(self) -> None:
@@ -239,7 +270,9 @@ class TorchRunner:
 
         local = torch.zeros((), dtype=torch.float64)
         if self.has_last:
-            local += sum(float(v.detach()) for v in self._losses) / self.microbatches
+            total = sum(float(v.detach()) for v in self._losses)
+            # the losses were divided by M before the backward unless torch scaled the grads
+            local += total / self.microbatches if self.scale_grads else total
         dist.all_reduce(local, group=self.group)
         return float(local)
 

@@ -4,16 +4,18 @@ A GPT of ``blocks`` transformer blocks (pipetrain's ``models.gpt``: embedding, b
 final norm + head; untied, since torch's stages cannot share a weight), width ``width``,
 ``heads`` heads, sequence ``seq``, batch ``batch`` in ``microbatches`` micro-batches,
 AdamW, next-byte cross-entropy on the default corpus; 2 ranks x 1 intra-op thread over
-gloo. Side by side, interleaved: pipetrain (``gpipe``, ``1f1b``), torch's
-``ScheduleGPipe`` and ``Schedule1F1B`` (the same cut, the same optimizer; torch's
-gradient scaling folded into its loss, its fastest equivalent), and the whole model in
-ONE process with one thread on the full batch (rank 0; rank 1 idles).
+gloo. Side by side, interleaved: pipetrain's schedules (``tf_schedules``: every one by
+default), torch's classes for each (the same cut, the same optimizer, at its fastest
+settings: :data:`~pipetrain.bench.vs_torch.runners.TORCH_SETTINGS`), and the whole model
+in ONE process on the full batch with 2 intra-op threads, as many as the pipeline's two
+ranks have in all (rank 0; rank 1 idles), its gradients kept between steps too.
 
 The yardstick (the *ideal*): every layer's forward, backward and optimizer step measured
 on a micro-batch in one process alone (rank 0, rank 1 waiting), summed per stage, and
 each framework's action order simulated with those costs: the step with no contention
 between the ranks, no communication and no overhead. ``tf_balance=None`` cuts the
-layers where that ideal 1F1B step is shortest (both frameworks get the cut). The same
+layers where that ideal 1F1B step is shortest (both frameworks get the cut); schedules
+with 2 stages per rank get the 4-stage cut that evens out forward + backward. The same
 per-stage costs measured with both ranks computing at once give the *contended* ideal:
 what two processes sharing the machine's caches and memory cost each other.
 """
@@ -27,7 +29,12 @@ from pipetrain.bench.harness import foreign_load, gather_objects, median, step_t
 from pipetrain.bench.vs_torch.analysis import compare, runner_rows
 from pipetrain.bench.vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
 from pipetrain.bench.vs_torch.options import Options
-from pipetrain.bench.vs_torch.runners import PipetrainRunner, TorchRunner, stage_ranges
+from pipetrain.bench.vs_torch.runners import (
+    WORLD_SIZE,
+    PipetrainRunner,
+    TorchRunner,
+    stage_ranges,
+)
 from pipetrain.bench.vs_torch.session import build_runners, first_losses, time_runners
 
 __all__ = ["analyse_transformer", "transformer_worker"]
@@ -94,6 +101,17 @@ def _stage_costs(factories: Sequence[Any], ranges: Sequence[range], batches: Any
         microbatches=opts.tf_microbatches, rounds=opts.tf_cost_rounds)
 
 
+def _balances(layers: Sequence[dict[str, float]], opts: Options) -> dict[int, list[int]]:
+    """The cut of each stage count: 2 stages where the ideal 1F1B step is shortest (or
+    ``tf_balance``), 4 stages (2 per rank) evening out forward + backward per stage."""
+    from pipetrain.partition import solve
+
+    two = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance is None
+           else list(opts.tf_balance))
+    work = [layer["forward"] + layer["backward"] for layer in layers]
+    return {2: two, 4: list(solve(work, 4))}
+
+
 def _best_balance(layers: Sequence[dict[str, float]], microbatches: int) -> list[int]:
     """The 2-stage cut whose ideal 1F1B step is shortest."""
     from pipetrain.schedule import build_schedule
@@ -121,27 +139,35 @@ def _single_isolated(factories: Sequence[Any], batches: Any, opts: Options) -> f
 
 
 class _Single:
-    """The whole model in this process, the full batch at once (rank 0 only)."""
+    """The whole model in this process, the full batch at once (rank 0 only), with
+    ``threads`` intra-op threads during its step (as many as the pipeline's ranks have in
+    all) and its gradients kept between steps."""
 
     label = "single"
     framework = "single"
     ranks = (0,)
 
-    def __init__(self, factories: Sequence[Any]) -> None:
+    def __init__(self, factories: Sequence[Any], *, threads: int = 1) -> None:
         from torch import nn
 
         self.model = nn.Sequential(*(f() for f in factories))
         self.optimizer = _adamw(self.model.parameters())
+        self.threads = threads
 
     def step(self, x: Any, y: Any) -> float:
         import torch
 
         from pipetrain.models import gpt_loss
 
-        loss = gpt_loss(self.model(x), y)
-        torch.autograd.backward(loss)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            loss = gpt_loss(self.model(x), y)
+            torch.autograd.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
+        finally:
+            torch.set_num_threads(before)
         return float(loss.item())
 
 
@@ -160,6 +186,7 @@ def transformer_worker(ctx: Any, opts: Options) -> dict[str, Any]:
 
     from pipetrain.data import TextDataset, load_corpus
     from pipetrain.models import gpt_layer_factories, gpt_loss
+    from pipetrain.schedule import default_stages_per_rank
 
     rank = dist.get_rank()
     config = _config(opts)
@@ -173,30 +200,28 @@ def transformer_worker(ctx: Any, opts: Options) -> dict[str, Any]:
                 if rank == 0 else None)
     dist.barrier()
     layers, single_isolated = gather_objects(isolated)[0]
-    balance = (_best_balance(layers, opts.tf_microbatches) if opts.tf_balance is None
-               else list(opts.tf_balance))
+    balances = _balances(layers, opts)
+    balance = balances[2]
     ranges = stage_ranges(len(factories), 2, balance)
     dist.barrier()
     contended = gather_objects(_stage_costs(factories, ranges, batches, opts))
 
     M = opts.tf_microbatches
-
-    def scaled_loss(output: Any, target: Any) -> Any:
-        return gpt_loss(output, target) / M  # torch's gradient scaling folded into its loss
+    def cut(schedule: str) -> list[int]:
+        return balances[WORLD_SIZE * default_stages_per_rank(schedule)]
 
     runners, failures = build_runners(
         opts.tf_schedules,
         lambda schedule: PipetrainRunner(ctx, schedule, factories, microbatches=M,
-                                         loss_fn=gpt_loss, optimizer=_adamw, balance=balance),
+                                         loss_fn=gpt_loss, optimizer=_adamw,
+                                         balance=cut(schedule)),
         lambda schedule, variant: TorchRunner(ctx, schedule, variant, factories, microbatches=M,
-                                              loss_fn=scaled_loss, optimizer=_adamw,
-                                              balance=balance, trace=opts.trace_torch,
-                                              timeout=opts.torch_timeout, scale_grads=False))
+                                              loss_fn=gpt_loss, optimizer=_adamw,
+                                              balance=balances[WORLD_SIZE * variant[2]],
+                                              trace=opts.trace_torch,
+                                              timeout=opts.torch_timeout))
     losses = first_losses(runners, batches, failures)
-    for name in losses:  # torch's losses were divided by M: its mean is M times too small
-        if not name.startswith("pipetrain:"):
-            losses[name] = [v * M for v in losses[name]]
-    single: Any = _Single(factories) if rank == 0 else _Absent()
+    single: Any = _Single(factories, threads=WORLD_SIZE) if rank == 0 else _Absent()
     if rank == 0:
         losses["single"] = [single.step(*batches(k)) for k in range(2)]
     gathered, info = time_runners([*runners, single], batches, reps=opts.tf_reps,
@@ -204,7 +229,8 @@ def transformer_worker(ctx: Any, opts: Options) -> dict[str, Any]:
     if rank != 0:
         return {}
     return {"runners": info, "gathered": gathered, "failures": failures, "first_losses": losses,
-            "layer_costs": layers, "balance": balance, "contended": contended,
+            "layer_costs": layers, "balance": balance, "balances": balances,
+            "contended": contended,
             "single_isolated_s": single_isolated}
 
 
@@ -214,17 +240,20 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     n = sum(balance)
     ranges = stage_ranges(n, 2, balance)
     one_process = stage_costs_from_layers(raw["layer_costs"], ranges)
+    balances = {int(k): v for k, v in raw.get("balances", {2: balance}).items()}
+    isolated = {k: stage_costs_from_layers(raw["layer_costs"], stage_ranges(n, k, cut))
+                for k, cut in balances.items()}
     contended = {name: [raw["contended"][j][name] for j in range(2)]
                  for name in ("forward", "backward", "step")}
     gathered = raw["gathered"]
     runners = {label: info for label, info in raw["runners"].items() if label != "single"}
-    rows = runner_rows(runners, gathered, {2: one_process}, opts.tf_microbatches)
+    rows = runner_rows(runners, gathered, isolated, opts.tf_microbatches)
     contended_rows = runner_rows(runners, gathered, {2: contended}, opts.tf_microbatches)
     for label, row in rows.items():
         if "ideal_s" in contended_rows[label]:
             row["ideal_contended_s"] = contended_rows[label]["ideal_s"]
     single_times = step_times([g["samples"] for g in gathered], "single")
-    single = summary(single_times)
+    single = {**summary(single_times), "threads": WORLD_SIZE}
     losses = raw["first_losses"]
     reference = losses.pop("single", None)
     per_schedule = compare(rows, opts.tf_schedules, raw["failures"], losses, reference)
@@ -257,7 +286,7 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
         "breakdown": breakdown,
         "model": {"blocks": opts.tf_blocks, "width": opts.tf_width, "heads": opts.tf_heads,
                   "seq": opts.tf_seq, "batch": opts.tf_batch, "microbatches": M,
-                  "balance": balance},
+                  "balance": balance, "balances": {str(k): v for k, v in balances.items()}},
         "schedules": per_schedule,
         "single": single,
         "single_microbatched_ideal_s": microbatched,
@@ -266,4 +295,5 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
         "stage_costs_contended_s": contended,
         "load_during_timing": foreign_load([g["cpu_window"] for g in gathered]),
         "median_single_s": median(single_times),
+        "single_step_s": single_times,
     }
