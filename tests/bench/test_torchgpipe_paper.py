@@ -134,6 +134,19 @@ def test_the_amoebanet_table_puts_the_papers_speed_ups_beside_this_runs() -> Non
     assert "ran 2 intra-op threads." in notes and "other processes used 0.5 to 1.2 of" in notes
     memory = tables["amoebanet_memory"].rows
     assert memory[0][3:] == ["10.0", "20.0", "-", "0.50x"]
+    # every row holds pipetrain to torchgpipe's speed and memory (+3%)
+    speed_goals = tables["amoebanet_speed"].goals
+    assert (speed_goals[0].name, speed_goals[0].met) == (
+        "AmoebaNet-D K=2 m=1 always: pipetrain / torchgpipe throughput", True)
+    assert len(speed_goals) == len(tables["amoebanet_memory"].goals) == len(records)
+    slow = measured_tables([_record("amoebanet", 2, 1, "never", 40.0)], {"amoebanet": "x"})
+    assert all(g.met for t in slow for g in t.goals)
+    heavy = _record("amoebanet", 2, 1, "never", 40.0)
+    heavy["run_peak_mib"] = {"pipetrain": 20.8, "torchgpipe": 20.0, "plain": None}
+    missed = [g for t in measured_tables([heavy], {"amoebanet": "x"}) for g in t.missed()]
+    assert [g.text() for g in missed] == [
+        "AmoebaNet-D K=2 m=1 never: pipetrain / torchgpipe peak memory 1.04x (goal <= 1.03x): "
+        "MISSED"]
     assert {t.key for t in tables.values()} >= {"paper_amoebanet_speed", "paper_unet_speed",
                                                 "paper_amoebanet_memory", "paper_unet_memory"}
 

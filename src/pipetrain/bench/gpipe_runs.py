@@ -309,6 +309,7 @@ def _time(setting: Setting, conns: dict[str, Connection]) -> dict[str, Any]:
     throughput = {name: setting.batch / medians[name] for name in NAMES}
     return {
         "median_step_ms": {name: medians[name] * 1e3 for name in NAMES},
+        "step_ms": {name: [t * 1e3 for t in times[name]] for name in NAMES},
         "quartiles_step_ms": {name: [q * 1e3 for q in quartiles[name]] for name in NAMES},
         "throughput_samples_per_s": throughput,
         "ratio_pipetrain_over_torchgpipe": throughput["pipetrain"] / throughput["torchgpipe"],

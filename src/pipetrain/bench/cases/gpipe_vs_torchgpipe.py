@@ -23,9 +23,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
+from pipetrain.bench.cases.torchgpipe_paper_tables import GOAL_MEMORY, GOAL_SPEED
 from pipetrain.bench.drawings import bars, find_table, texts
 from pipetrain.bench.gpipe_runs import MODES, NAMES, Setting, run_mode
+from pipetrain.bench.harness import spread_warnings
 
 __all__ = ["CASE", "MEMORY_SETTINGS", "OPTION_SETS", "TIME_SETTING", "draw", "run"]
 
@@ -77,7 +79,10 @@ def _time_table(runs: list[tuple[str, Setting, dict[str, Any]]]) -> Table:
         notes="Each row is its own three processes (torchgpipe and plain measured again). "
               "The opt-in tricks trade memory or process-wide OpenMP state for speed on the "
               "CPU; a throughput ratio above 1 is faster than the anchor.",
-        key="time")
+        key="time",
+        goals=[Goal.at_least(f"{options}: pipetrain / torchgpipe throughput",
+                             r["ratio_pipetrain_over_torchgpipe"], GOAL_SPEED, unit="x")
+               for options, _, r in runs if options == "defaults"])
 
 
 def _memory_table(runs: list[tuple[Setting, dict[str, Any]]]) -> Table:
@@ -98,7 +103,10 @@ def _memory_table(runs: list[tuple[Setting, dict[str, Any]]]) -> Table:
                "plain nn.Sequential, each in its own process, the same weights and batch",
         notes="RSS counts what the C allocator keeps after a free and code pages loaded on "
               "first use. The whole run's peak covers the warm-up and timed steps too.",
-        key="memory")
+        key="memory",
+        goals=[Goal.at_most(f"{setting.describe()} {r['checkpoint']}: pipetrain / torchgpipe "
+                            "peak memory, whole run", r.get("run_peak_pipetrain_over_torchgpipe"),
+                            GOAL_MEMORY, unit="x") for setting, r in runs])
 
 
 def run(context: BenchContext) -> BenchResult:
@@ -124,7 +132,10 @@ def run(context: BenchContext) -> BenchResult:
     data = {"time": [{"pipetrain_options": label, "setting": asdict(s), "result": r}
                      for label, s, r in timed],
             "memory": [{"setting": asdict(s), "result": r} for s, r in memory]}
-    return BenchResult(tables=[_time_table(timed), _memory_table(memory)], data=data)
+    samples = {f"{label} {name}": r["step_ms"][name] for label, _, r in timed
+               for name in NAMES}
+    return BenchResult(tables=[_time_table(timed), _memory_table(memory)], data=data,
+                       warnings=spread_warnings(samples))
 
 
 def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:

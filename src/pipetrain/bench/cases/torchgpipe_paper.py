@@ -27,7 +27,7 @@ from pipetrain.bench.cases.torchgpipe_paper_runs import Runners, Setting
 from pipetrain.bench.cases.torchgpipe_paper_tables import measured_tables
 from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.gpipe_runs import MODES
-from pipetrain.bench.harness import median, quartiles
+from pipetrain.bench.harness import median, quartiles, spread_warnings
 
 __all__ = ["CASE", "FULL", "MODES", "QUICK", "Plan", "draw", "measure", "run", "settings"]
 
@@ -162,7 +162,10 @@ def run(context: BenchContext) -> BenchResult:
                    if plan.processes_per_group else "one per runner"},
         "records": records, "wall_s": time.perf_counter() - started,
     }
-    return BenchResult(tables=measured_tables(records, workloads), data=data)
+    samples = {f"{r['model']} K={r['partitions']} m={r['chunks']} {r['checkpoint']} {runner}":
+               seconds for r in records for runner, seconds in r["step_s"].items()}
+    return BenchResult(tables=measured_tables(records, workloads), data=data,
+                       warnings=spread_warnings(samples))
 
 
 def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:

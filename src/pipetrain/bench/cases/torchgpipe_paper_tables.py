@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pipetrain.bench.case import Table
+from pipetrain.bench.case import Goal, Table
 from pipetrain.bench.cases.torchgpipe_paper_figures import (
     AMOEBANET_SPEED,
     SOURCE,
@@ -30,7 +30,7 @@ from pipetrain.bench.cases.torchgpipe_paper_figures import (
     paper_tables,
 )
 
-__all__ = ["measured_tables"]
+__all__ = ["GOAL_MEMORY", "GOAL_SPEED", "measured_tables"]
 
 _NAMES = {"amoebanet": "AmoebaNet-D", "unet": "U-Net"}
 _SAME = ("the same model, weights, batch, balance, chunks and checkpoint mode; each runner "
@@ -140,14 +140,32 @@ def _unet_vs_paper(records: list[dict[str, Any]], label: str) -> Table:
               "640); here the plain model trains the pipelines' batch. " + _SPEED_NOTES)
 
 
+GOAL_SPEED = 1.0
+"""pipetrain.GPipe's throughput over torchgpipe's, every setting, default options."""
+GOAL_MEMORY = 1.03
+"""pipetrain.GPipe's peak memory over torchgpipe's, every setting."""
+
+
+def _goal(name: str, mine: float | None, theirs: float | None, *, memory: bool) -> Goal:
+    ratio = None if mine is None or not theirs else mine / theirs
+    if memory:
+        return Goal.at_most(f"{name}: pipetrain / torchgpipe peak memory", ratio, GOAL_MEMORY,
+                            unit="x")
+    return Goal.at_least(f"{name}: pipetrain / torchgpipe throughput", ratio, GOAL_SPEED,
+                         unit="x")
+
+
 def _per_setting(records: list[dict[str, Any]], model: str, label: str, *, key: str,
                  title: str, unit: str, value: Callable[[dict[str, Any], str], Any],
                  ratio_columns: list[str], anchor: str, notes: str) -> Table:
-    rows = []
+    rows, goals = [], []
     for record in records:
         if record["model"] != model:
             continue
         figures = {r: value(record, r) for r in ("pipetrain", "torchgpipe", "plain")}
+        goals.append(_goal(f"{_NAMES[model]} K={record['partitions']} m={record['chunks']} "
+                           f"{record['checkpoint']}", figures["pipetrain"],
+                           figures["torchgpipe"], memory=unit == "MiB"))
         shown = ["-" if v is None else f"{v:.1f}" for v in figures.values()]
         ratios = [_ratio(figures["pipetrain"], figures["torchgpipe"])]
         if len(ratio_columns) > 1:
@@ -157,7 +175,7 @@ def _per_setting(records: list[dict[str, Any]], model: str, label: str, *, key: 
     return Table(key=key, title=f"{title}, {label}",
                  columns=["partitions K", "chunks m", "checkpoint", f"pipetrain {unit}",
                           f"torchgpipe {unit}", f"plain {unit}", *ratio_columns],
-                 rows=rows, anchor=anchor, notes=notes)
+                 rows=rows, anchor=anchor, notes=notes, goals=goals)
 
 
 def measured_tables(records: list[dict[str, Any]], workloads: dict[str, str]) -> list[Table]:
