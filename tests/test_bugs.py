@@ -168,9 +168,12 @@ def test_stage_workers_leave_other_threads_intra_op_count_alone():
             return x
 
     before = torch.get_num_threads()
-    gpipe = pipetrain.GPipe(nn.Sequential(Count(), Count()), [1, 1])
+    gpipe = pipetrain.GPipe(nn.Sequential(Count(), Count()), [1, 1], chunks=2)
     gpipe(torch.randn(2, 2))
-    assert seen == [max(1, before // 2)] * 2  # each stage takes its share
+    assert seen == [max(1, before // 2)] * 4  # each stage takes its share
+    seen.clear()
+    gpipe(torch.randn(1, 2))  # one micro-batch: the caller's thread runs both, with its count
+    assert seen == [before] * 2
     in_new_thread: list[int] = []
     thread = threading.Thread(target=lambda: in_new_thread.append(torch.get_num_threads()))
     thread.start()

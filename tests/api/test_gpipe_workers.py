@@ -63,6 +63,26 @@ def test_a_single_partition_runs_on_the_callers_thread():
         threading.get_ident()}
 
 
+def test_a_single_micro_batch_runs_every_partition_on_the_callers_thread():
+    # nothing to overlap: the partitions run one after another, as plain PyTorch runs
+    # the model (and each checkpointed one is recomputed right before its backward)
+    recorders = [ThreadRecorder() for _ in range(3)]
+    gpipe = pipetrain.GPipe(nn.Sequential(*recorders), [1, 1, 1], chunks=1,
+                            checkpoint="always")
+    x = torch.randn(4, 4, requires_grad=True)
+    gpipe(x).sum().backward()
+    with torch.no_grad():
+        gpipe(torch.randn(4, 4))
+    for recorder in recorders:
+        assert set(recorder.forward_threads) == set(recorder.backward_threads) == {
+            threading.get_ident()}
+        assert len(recorder.forward_threads) == 3  # forward, recomputation, no-grad call
+    reference = nn.Sequential(*(r.linear for r in recorders))
+    y = x.detach().requires_grad_()
+    reference(y).sum().backward()
+    assert torch.allclose(x.grad, y.grad)
+
+
 class Rendezvous(nn.Module):
     """Waits at a barrier on chosen calls: passes only if another stage waits at the
     same time, i.e. if two partitions run concurrently."""

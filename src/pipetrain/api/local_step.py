@@ -166,7 +166,10 @@ class LocalPipeline:
             self.rng.open(offset)
         try:
             with self.streams.edges():
-                self._run(schedule.actions, ios, grad=False, here=self._caller_stage())
+                if self._serial(len(batches)):
+                    self._run_in_order(schedule.actions, ios, then={}, grad=False)
+                else:
+                    self._run(schedule.actions, ios, grad=False, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(offset)
@@ -226,16 +229,21 @@ class LocalPipeline:
             ]
             session.leaves = leaves
 
-        speculators = self._speculators(session)
+        serial = self._serial(num_microbatches)
+        speculators = [] if serial else self._speculators(session)
         generation = 0
         if self.sharing is not None and speculators:
             low = ios[0].key_offset
             generation = self.sharing.speculate(low, low + KEY_STRIDE)
         try:
             with self.streams.edges():
-                self._run(session.forward_actions, ios, grad=True, then={len(ios) - 1: merge},
-                          speculators=speculators, generation=generation,
-                          here=self._caller_stage())
+                if serial:
+                    self._run_in_order(session.forward_actions, ios, then={len(ios) - 1: merge},
+                                       grad=True)
+                else:
+                    self._run(session.forward_actions, ios, grad=True,
+                              then={len(ios) - 1: merge}, speculators=speculators,
+                              generation=generation, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
@@ -275,9 +283,10 @@ class LocalPipeline:
 
         try:
             with self.streams.edges():
-                if self.streams.active:
+                if self.streams.active or self._serial(num_microbatches):
                     self._stop_sharing()  # no CPU stage's rebuild runs beside it
-                    self._run_in_order(session.backward_actions, ios, then={0: merge})
+                    self._run_in_order(session.backward_actions, ios, then={0: merge},
+                                       backward=True)
                 else:
                     # the caller's thread, which autograd runs this backward on, runs the
                     # last CPU stage's part itself (as autograd runs a whole backward
@@ -294,20 +303,24 @@ class LocalPipeline:
         return merged
 
     def _run_in_order(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
-                      then: dict[int, Callable[[], None]]) -> None:
-        """A backward phase on this thread, last stage first, each on its CUDA stream.
+                      then: dict[int, Callable[[], None]], grad: bool = True,
+                      backward: bool = False) -> None:
+        """A phase on this thread, one stage after another (first stage first; last stage
+        first for a ``backward`` phase), each on its CUDA stream if it has one.
 
         With a stage on a GPU, this thread is autograd's thread for that GPU (it runs
         :class:`_PipelineFunction`'s backward): a stage's backward called from another
         thread would wait for it forever, one called from here runs here. The GPU still
         overlaps the stages (their kernels queue on their own streams), and each stage's
-        backward needs only what later stages sent (fill-drain order).
+        backward needs only what later stages sent (fill-drain order). On the CPU it runs
+        a single micro-batch (:meth:`_serial`).
         """
+        order = reversed(range(len(self.executors))) if backward else range(len(self.executors))
         try:
-            for j in reversed(range(len(self.executors))):
+            for j in order:
                 with self.streams.stage(j):
                     if actions[j]:
-                        _run_with_grad(self.executors[j], actions[j], ios[j], True)
+                        _run_with_grad(self.executors[j], actions[j], ios[j], grad)
                     if j in then:
                         then[j]()
         except BaseException:
@@ -315,6 +328,15 @@ class LocalPipeline:
                 executor.reset()
             self.transport.mailbox.clear()
             raise
+
+    def _serial(self, num_microbatches: int) -> bool:
+        """Whether a call runs every stage on the caller's thread, in order: with every
+        stage on the CPU and a single micro-batch there is nothing to overlap, and the
+        caller's thread runs the partitions as plain PyTorch runs the model (its intra-op
+        threads, one thread team in the process, each checkpointed partition recomputed
+        right before its backward, as torchgpipe does)."""
+        return (num_microbatches == 1 and not self.streams.active
+                and len(self._on_cpu) == len(self.executors))
 
     def _caller_stage(self) -> int | None:
         """The stage whose actions the caller's thread runs (``None``: none): the last
