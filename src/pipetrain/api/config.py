@@ -10,6 +10,7 @@ from typing import Any
 
 from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
+from pipetrain.api.mesh import mesh_problems
 from pipetrain.api.user_schedule import (
     is_schedule_file,
     resolve_user_schedule,
@@ -20,6 +21,7 @@ from pipetrain.runtime.precision import LossScaling, precision_problem
 from pipetrain.schedule import (
     ASYNC_SCHEDULES,
     TRAINING_SCHEDULES,
+    Op,
     Schedule,
     canonical_name,
     schedule_placement,
@@ -110,6 +112,19 @@ class PipelineConfig:
     vertical_sync: bool = False
     """``pipedream`` only: every stage runs a micro-batch with the weight version the input
     stage used for it (PipeDream's vertical sync)."""
+    data_parallel: str = "replicate"
+    """How the ``replicas`` hold a stage: ``replicate`` (every replica a whole copy, the
+    gradients all-reduced once per step) or ``fsdp`` (FSDP2's ``fully_shard`` over the
+    replicas: parameters, gradients and optimizer state sharded; see
+    :mod:`pipetrain.api.fsdp`). The job is one mesh ``(pp, dp, tp)`` (see
+    :mod:`pipetrain.api.mesh`)."""
+    tensor_parallel: int = 1
+    """Tensor-parallel ranks of every stage (``T``, the mesh's innermost dimension);
+    only 1 is available."""
+    reshard_after_forward: bool = False
+    """``fsdp`` only: free the gathered parameters after each forward and gather them again
+    for each backward (less memory, one all-gather per micro-batch); default: gathered once
+    per step, kept until the step's last backward."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
     _user_schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -159,8 +174,9 @@ class PipelineConfig:
 
     @property
     def world_size(self) -> int:
-        """Processes the layout needs: the replicas of every pipeline rank."""
-        return sum(self.replica_counts)
+        """Processes the layout needs: the replicas of every pipeline rank (times
+        :attr:`tensor_parallel`)."""
+        return sum(self.replica_counts) * self.tensor_parallel
 
     def problems(self, *, spell: Spelling | None = None) -> list[str]:
         """Every problem with the configuration, each with its fix (see
@@ -286,6 +302,14 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
         found.append(f"{say('timeout', timeout)} must be a positive number of seconds, e.g. "
                      f"{say('timeout', 300.0)}")
     found.extend(async_problems(v, name, say))
+    found.extend(mesh_problems(v, name, say))
+    if user is not None and v["data_parallel"] == "fsdp" and any(
+            a.op is Op.BACKWARD_INPUT for rank in user.actions for a in rank):
+        found.append(f"{say('data_parallel', 'fsdp')}: the user schedule {user.name!r} splits "
+                     "backwards into input and weight halves (I and W actions), and FSDP "
+                     "reduce-scatters a module's gradients from its own hook when the input "
+                     "half passes it, before the weight half has computed them; fix: full "
+                     f"backwards (B actions) or {say('data_parallel', 'replicate')}")
     found.extend(v["extra_problems"])
     return found
 

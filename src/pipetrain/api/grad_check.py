@@ -17,8 +17,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-__all__ = ["NONFINITE_POLICIES", "GradCheck", "NonFiniteError", "check_gradients", "loss_sum"]
+__all__ = [
+    "NONFINITE_POLICIES",
+    "GradCheck",
+    "NonFiniteError",
+    "check_gradients",
+    "clip_local_gradients",
+    "loss_sum",
+]
 
 NONFINITE_POLICIES = ("error", "skip", "ignore")
 """What a step with a non-finite loss or gradient norm does: ``error`` skips the update
@@ -86,13 +94,35 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
     million elements near 2e16); such a step counts as non-finite, as a diverged one
     should.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [_local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64, device=device)
     norms = torch.stack([
         torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32))
         .to(torch.float64) for g in grads])
     return norms.square().sum().to(device)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor gradient (FSDP: each shard counted once); any other
+    gradient itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def clip_local_gradients(params: Iterable[nn.Parameter], max_norm: float, total_norm: float) -> None:
+    """Scale the gradients by ``max_norm / (total_norm + 1e-6)`` when that is below 1, as
+    :func:`torch.nn.utils.clip_grads_with_norm_` does, each DTensor gradient through its
+    local shard (the norm is already global: no collective here).
+
+    Example:
+        >>> p = nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([3.0, 4.0])
+        >>> clip_local_gradients([p], 1.0, 5.0); [round(g, 4) for g in p.grad.tolist()]
+        [0.6, 0.8]
+    """
+    coef = torch.clamp(max_norm / (torch.tensor(total_norm) + 1e-6), max=1.0)
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    for grad in grads:
+        grad.mul_(coef.to(dtype=grad.dtype, device=grad.device))
 
 
 def loss_sum(losses: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from pipetrain.api.grad_check import GradCheck, check_gradients
+from pipetrain.api.grad_check import GradCheck, check_gradients, clip_local_gradients
 from pipetrain.runtime.precision import LossScaler
 
 __all__ = ["OptimizerFactory", "SchedulerFactory", "StageOptimizers", "TiedParameter"]
@@ -77,7 +78,12 @@ class StageOptimizers:
         nonfinite: str = "error",
         release: Callable[[int], None] | None = None,
         scaler: LossScaler | None = None,
+        sharded: bool = False,
     ) -> None:
+        self.sharded = sharded
+        """Whether the parameters are FSDP2 shards over the replicas (``data_parallel=
+        'fsdp'``): FSDP's own hooks reduce-scatter their gradients (no all-reduce here),
+        tied copies sum their local shards, and the norm counts each shard once."""
         self.release = release
         """Called with a stage after its step to reset its gradients (default:
         ``zero_grad(set_to_none=True)``)."""
@@ -147,7 +153,7 @@ class StageOptimizers:
     # -- REDUCE -------------------------------------------------------------------------
     def reduce(self, stage: int) -> None:
         pending = _Pending()
-        if self.dp_size > 1:
+        if self.dp_size > 1 and not self.sharded:
             params = [p for p in self.stage_params[stage]
                       if p.grad is not None and id(p) not in self._tied_ids]
             if params:
@@ -159,7 +165,8 @@ class StageOptimizers:
                 continue
             if tie.param.grad is None:
                 tie.param.grad = torch.zeros_like(tie.param)
-            pending.works.append(dist.all_reduce(tie.param.grad, group=tie.group, async_op=True))
+            grad = tie.param.grad.to_local() if isinstance(tie.param.grad, DTensor) else tie.param.grad
+            pending.works.append(dist.all_reduce(grad, group=tie.group, async_op=True))
         self._pending[stage] = pending
 
     def _flat_gradients(self, stage: int, params: list[nn.Parameter]) -> torch.Tensor:
@@ -205,7 +212,8 @@ class StageOptimizers:
         if self.clip_grad_norm is None and self.nonfinite == "ignore" and self.scaler is None:
             return
         check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
-                                replicas=self.dp_size, device=self.scalar_device,
+                                replicas=1 if self.sharded else self.dp_size,
+                                device=self.scalar_device,
                                 group=self.check_group, loss_sum=self.loss_sum())
         if self.scaler is not None:
             check = self._unscale(check, self.scaler)
@@ -215,6 +223,9 @@ class StageOptimizers:
             return
         if self.clip_grad_norm is not None:
             unique = {id(p): p for params in self.stage_params.values() for p in params}
+            if self.sharded:
+                clip_local_gradients(list(unique.values()), self.clip_grad_norm, check.grad_norm)
+                return
             torch.nn.utils.clip_grads_with_norm_(
                 list(unique.values()), self.clip_grad_norm, torch.tensor(check.grad_norm)
             )

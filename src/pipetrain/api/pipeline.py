@@ -22,10 +22,12 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import KEEP, Loaded, load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
+from pipetrain.api.fsdp import ShardedStages, shard_stages
 from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
@@ -34,9 +36,9 @@ from pipetrain.api.pipeline_setup import (
     build_layers,
     build_transport,
     check_world,
+    job_mesh,
     refuse_batch_disagreement,
     refuse_setup_disagreement,
-    replica_group,
     start_monitor,
 )
 from pipetrain.api.pipeline_stages import (
@@ -87,6 +89,9 @@ class Pipeline:
             per training step).
         ties: tied weights, e.g. ``[((0, "token.weight"), (5, "proj.weight"))]``: every
             copy starts equal and gets the sum of all their gradients.
+        mesh: the job's ``DeviceMesh`` of shape ``(num_stages, replicas, tensor_parallel)``
+            named ``("pp", "dp", "tp")`` (default: the Pipeline builds it, see
+            :mod:`pipetrain.api.mesh`); ``None`` with different replica counts per stage.
 
     Example (in each of 2 processes started by ``torchrun --nproc-per-node 2``)::
 
@@ -114,6 +119,7 @@ class Pipeline:
         example_kwargs: dict[str, Any] | None = None,
         split_points: Sequence[str] | None = None,
         weights: str | os.PathLike[str] | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         config = PipelineConfig() if config is None else config
         capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
@@ -156,11 +162,19 @@ class Pipeline:
         else:
             self.model = nn.Module()
             self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
-        self._replica_group = replica_group(self.layout, pipeline_rank=self.pipeline_rank)
+        self.mesh, self._replica_group = job_mesh(config, self.layout, pipeline_rank=self.pipeline_rank,
+                                                  device=self.device, mesh=mesh)
+        fsdp = config.data_parallel == "fsdp"
         ties_here = tie_layers(self.layers, list(ties), layout=self.layout,
-                               pipeline_rank=self.pipeline_rank)
+                               pipeline_rank=self.pipeline_rank,
+                               replica=self.replica if fsdp else None)
         broadcast_initial_weights(self.model, ties_here, layout=self.layout,
                                   pipeline_rank=self.pipeline_rank, dp_group=self._replica_group)
+        self.sharded: ShardedStages | None = None
+        """This rank's FSDP2 units (``data_parallel='fsdp'``, :mod:`pipetrain.api.fsdp`)."""
+        if fsdp:
+            self.sharded, ties_here = shard_stages(self.layers, ties_here, ties=ties, mesh=self.mesh,
+                                                   config=config, layout=self.layout)
 
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)
@@ -170,9 +184,12 @@ class Pipeline:
             skips=model_skip_layout(layers, self.layers, layout=self.layout,
                                     device=self._scalar_device),
             streams=self._streams, device=self.device, loss_fn=loss_fn,
-            fuse_weight_gradients=config.fuse_weight_gradients,
+            # FSDP gathers its gradients through autograd: nothing to fuse (see .fsdp)
+            fuse_weight_gradients=config.fuse_weight_gradients and self.sharded is None,
             autocast=autocast_dtype(config.mixed_precision),
         )
+        if self.sharded is not None:
+            self.sharded.attach(self.stages.values())
         self._norms = DeferredNorms(self.layers.values(), group=self._replica_group,
                                     replicas=self.num_replicas)
         self.optimizers = StageOptimizers(
@@ -186,6 +203,7 @@ class Pipeline:
             nonfinite=config.nonfinite,
             release=lambda stage: self.stages[stage].release_gradients(),
             scaler=LossScaler(config.loss_scaling) if config.mixed_precision == "fp16" else None,
+            sharded=self.sharded is not None,
         )
         self.optimizers.scalar_device = self._scalar_device
         self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout,
@@ -331,7 +349,10 @@ class Pipeline:
         )
         self.optimizers.loss_sum = lambda: loss_sum(io.losses.values(), self._scalar_device)
         self._set_mode(training=True)
-        self._run(self._schedules.actions(self.schedule_name, n, rank=self.rank), io)
+        actions = self._schedules.actions(self.schedule_name, n, rank=self.rank)
+        with (self.sharded.training(actions, even=n % self.num_replicas == 0)
+              if self.sharded is not None else contextlib.nullcontext()):
+            self._run(actions, io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)
             self._norms.commit()
         check = self.optimizers.last_check  # its all-reduce summed the losses too
@@ -376,7 +397,8 @@ class Pipeline:
             loss_scales=batches.scales,
         )
         self._set_mode(training=False)
-        with torch.no_grad():
+        with torch.no_grad(), self.guard(), (
+                self.sharded.evaluation() if self.sharded is not None else contextlib.nullcontext()):
             self._run(self._schedules.actions("forward", n, rank=self.rank), io)
         if targets is not None:
             return self._mean_loss(io)

@@ -17,10 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from pipetrain.api.agreement import refuse_disagreement
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import LayerSource, Layout, Tie
+from pipetrain.api.mesh import build_mesh, check_mesh
 from pipetrain.microbatch import batch_size
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.links import link_groups
@@ -34,6 +36,7 @@ __all__ = [
     "build_layers",
     "build_transport",
     "check_world",
+    "job_mesh",
     "model_tensors",
     "refuse_batch_disagreement",
     "refuse_setup_disagreement",
@@ -185,6 +188,20 @@ def replica_group(layout: Layout, *, pipeline_rank: int) -> Any:
         if p == pipeline_rank:
             mine = group
     return mine
+
+
+def job_mesh(config: PipelineConfig, layout: Layout, *, pipeline_rank: int, device: torch.device,
+             mesh: DeviceMesh | None) -> tuple[DeviceMesh | None, Any]:
+    """The job's mesh (the user's, checked, or one built; ``None`` when the stages have
+    different replica counts) and this rank's replica group (the mesh's ``dp`` group).
+    Every rank calls it: it creates process groups."""
+    if mesh is not None:
+        check_mesh(mesh, config)
+    elif layout.uniform:
+        mesh = build_mesh(config, device=device)
+    if mesh is None:
+        return None, replica_group(layout, pipeline_rank=pipeline_rank)
+    return mesh, mesh.get_group("dp")
 
 
 def start_monitor(context: DistContext | None, *, rank: int, dead_after: float,

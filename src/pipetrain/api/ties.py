@@ -29,11 +29,14 @@ def _resolve(module: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def tie_layers(
-    layers: Mapping[int, nn.Module], ties: Sequence[Tie], *, layout: Layout, pipeline_rank: int
+    layers: Mapping[int, nn.Module], ties: Sequence[Tie], *, layout: Layout, pipeline_rank: int,
+    replica: int | None = None,
 ) -> list[TiedParameter]:
     """Share tied copies within this rank; the cross-rank ties this rank takes part in.
 
-    Every rank must call it with the same ``ties`` (it creates process groups).
+    Every rank must call it with the same ``ties`` (it creates process groups). With
+    ``replica`` (FSDP: each replica holds another shard of the weight) a tie's group is
+    the holders of that replica only, one group per replica.
 
     Raises:
         ValueError: a tie names a layer the model does not have.
@@ -70,8 +73,12 @@ def tie_layers(
                 setattr(owner, attr, shared)
         if len(holders) == 1:
             continue  # all copies on one rank: one shared parameter, reduced as usual
-        ranks = sorted(g for r in holders for g in layout.groups[r])
-        group = dist.new_group(ranks)
+        if replica is None:
+            group = dist.new_group(sorted(g for r in holders for g in layout.groups[r]))
+        else:  # one group per replica index, created in the same order on every rank
+            groups = [dist.new_group(sorted(layout.groups[r][d] for r in holders))
+                      for d in range(layout.replica_counts[holders[0]])]
+            group = groups[replica]
         if shared is not None:
             first_stage = min(layout.stage_of_layer(i) for i, _ in local)
             tied.append(TiedParameter(shared, first_stage, group,

@@ -147,6 +147,10 @@ class StageCompute:
         self.sharing: RecomputeSharing | None = None
         """Set by a single-process pipeline: lets idle workers of other stages run this
         stage's recomputations (see :mod:`.shared_recompute`)."""
+        self.before_backward: Callable[[int, int], None] | None = None
+        """Called with ``(stage_index, micro-batch key)`` before each full backward (set by
+        a pipeline whose data parallelism is FSDP2: its per-backward switches, see
+        :mod:`pipetrain.api.fsdp`)."""
         self._in_flight: dict[int, _InFlight] = {}
         self._weight: dict[int, WeightGradient] = {}
         self._in_backward = 0
@@ -353,6 +357,8 @@ class StageCompute:
         """Full backward of a micro-batch: weight gradients accumulate into ``.grad``;
         returns the gradients of the received tensors that require grad."""
         with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
+            if self.before_backward is not None:
+                self.before_backward(self.stage_index, microbatch)
             if not tensors:
                 return [None] * len(state.inputs)
             if self.fuse and self.autocast is None:  # autocast's casts leave nothing to fuse

@@ -1,0 +1,266 @@
+"""FSDP2 on the mesh's ``dp`` dimension: each stage's layers ``fully_shard``-ed over its replicas.
+
+With ``PipelineConfig(data_parallel="fsdp")`` every layer of this rank's stages that has
+parameters is one :func:`torch.distributed.fsdp.fully_shard` unit over the ``dp`` group of
+its pipeline rank (each layer its own root: the runtime calls the layers one by one; a tie
+whose copies meet on one rank is refused, :func:`refuse_local_ties`). Its
+parameters, their gradients and the optimizer's state are then DTensors sharded over the
+replicas; FSDP's own hooks gather the parameters before a forward and reduce-scatter the
+gradients after a backward. What pipetrain decides, through FSDP's public switches only:
+
+- **once per step**: the gradients are reduce-scattered (summed: pipetrain's loss already
+  weighs each micro-batch by its share of the global batch) in the stage's last backward
+  of the step only (``set_requires_gradient_sync``), earlier backwards accumulating into the
+  gathered gradients; the parameters are gathered by the step's first forward and kept
+  until that last backward (``set_reshard_after_backward``), unless
+  ``reshard_after_forward`` asks for one gather per forward and per backward (less memory).
+- **every replica in step**: FSDP's collectives run on every replica of a stage at the same
+  point of its action list (the replicas of a stage run the same program on their own
+  micro-batches). Where replicas run different numbers of micro-batches (a smaller last
+  batch, an evaluation), the parameters are gathered once, explicitly, by every replica.
+
+FSDP computes each gathered gradient through autograd, so the fused weight-gradient
+backward (:mod:`pipetrain.backward.fused`, which writes ``.grad`` of the parameters the
+stage held when it was built) is off under FSDP, and the schedules that split backwards
+into input and weight halves are refused (:mod:`pipetrain.api.mesh`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from pipetrain.api.config import PipelineConfig
+from pipetrain.api.layout import Layout
+from pipetrain.api.optimizer_step import TiedParameter
+from pipetrain.runtime.stage import StageCompute
+from pipetrain.schedule import Action, Op
+
+__all__ = ["ShardedStages", "local_tensor", "refuse_local_ties", "shard_stages", "shared_units"]
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` (a DTensor's local shard; any other tensor itself).
+
+    Example:
+        >>> local_tensor(torch.ones(2)).tolist()
+        [1.0, 1.0]
+    """
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def shared_units(layers: Mapping[int, nn.Module]) -> list[list[int]]:
+    """The layers with parameters grouped by shared parameters: layers that share one
+    (a tie whose copies are on this rank) in one group, each other layer alone.
+
+    Example:
+        >>> a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+        >>> b.weight = a.weight
+        >>> shared_units({0: a, 1: nn.ReLU(), 2: b, 3: nn.Linear(2, 2)})
+        [[0, 2], [3]]
+    """
+    owner: dict[int, int] = {}  # parameter id -> first layer holding it
+    parent: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, layer in layers.items():
+        params = list(layer.parameters())
+        if not params:
+            continue
+        parent[i] = i
+        for p in params:
+            if id(p) in owner:
+                parent[root(i)] = root(owner[id(p)])
+            else:
+                owner[id(p)] = i
+    units: dict[int, list[int]] = {}
+    for i in parent:
+        units.setdefault(root(i), []).append(i)
+    return sorted(units.values())
+
+
+def refuse_local_ties(ties: Iterable[Sequence[tuple[int, str]]], *,
+                      stage_to_rank: Sequence[int], layer_ranges: Sequence[range]) -> None:
+    """Refuse a tie with two copies on one pipeline rank (every rank decides alike).
+
+    Such copies are one parameter of two layers; the runtime calls the layers one by one,
+    each as its own FSDP root, and FSDP cannot shard one parameter in two roots.
+
+    Raises:
+        ValueError: naming the tie, the rank and the fixes.
+
+    Example:
+        >>> refuse_local_ties([((0, "w"), (3, "w"))], stage_to_rank=(0, 1),
+        ...                   layer_ranges=(range(0, 2), range(2, 4)))
+        >>> refuse_local_ties([((0, "w"), (3, "w"))], stage_to_rank=(0,),
+        ...                   layer_ranges=(range(0, 4),))
+        Traceback (most recent call last):
+        ...
+        ValueError: data_parallel='fsdp': tie ((0, 'w'), (3, 'w')) has 2 copies on pipeline rank 0, ...
+    """
+    for tie in ties:
+        ranks = [stage_to_rank[j] for i, _ in tie for j, r in enumerate(layer_ranges) if i in r]
+        for rank in dict.fromkeys(ranks):
+            if ranks.count(rank) > 1:
+                raise ValueError(
+                    f"data_parallel='fsdp': tie {tuple(tie)} has {ranks.count(rank)} copies on "
+                    f"pipeline rank {rank}, one parameter of several layers, and each layer is "
+                    "its own FSDP unit (FSDP cannot shard one parameter in two); fix: more "
+                    "stages, so that the copies land on different ranks (e.g. num_stages=2 "
+                    "with a schedule that does not fold the last stage back onto the first "
+                    "rank), untied weights, or data_parallel='replicate'")
+
+
+class ShardedStages:
+    """This rank's layers sharded with FSDP2 over ``mesh`` (the ``dp`` sub-mesh), and
+    the per-step switches of :mod:`this module <pipetrain.api.fsdp>`.
+
+    ``stage_layers`` lists the layers of each local stage. Building it replaces the
+    layers' parameters by sharded ones: :meth:`replaced` maps an old parameter to its new
+    one.
+
+    Example (in each process of a 2-replica job)::
+
+        sharded = ShardedStages(layers, stage_layers={0: [0, 1]}, mesh=mesh["dp"],
+                                reshard_after_forward=False)
+        sharded.plan(actions)          # before a step
+        sharded.before_backward(0, 3)  # the stage's backward of micro-batch 3
+    """
+
+    def __init__(self, layers: Mapping[int, nn.Module], *, stage_layers: Mapping[int, Sequence[int]],
+                 mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+        before = {(i, name): p for i, layer in layers.items()
+                  for name, p in layer.named_parameters(remove_duplicate=False)}
+        self.reshard_after_forward = reshard_after_forward
+        self.units: list[FSDPModule] = []
+        unit_of_layer: dict[int, FSDPModule] = {}
+        for unit in shared_units(layers):
+            if len(unit) > 1:
+                raise ValueError(f"data_parallel='fsdp': layers {unit} share a parameter, and "
+                                 "FSDP cannot shard one parameter in two units; fix: layers "
+                                 "that share no parameter, or data_parallel='replicate'")
+            module = layers[unit[0]]
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            assert isinstance(module, FSDPModule)
+            # a unit is its own root (the runtime calls layers one by one): say explicitly
+            # what FSDP would otherwise decide for a root
+            module.set_reshard_after_forward(reshard_after_forward)
+            module.set_gradient_divide_factor(1.0)  # a sum: the losses are weighted already
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+            self.units.append(module)
+            for i in unit:
+                unit_of_layer[i] = module
+        self._replaced = {id(p): layers[i].get_parameter(name) for (i, name), p in before.items()}
+        self.stage_units: dict[int, list[FSDPModule]] = {
+            j: list(dict.fromkeys(unit_of_layer[i] for i in indices if i in unit_of_layer))
+            for j, indices in stage_layers.items()
+        }
+        self._last: dict[int, tuple[int, int]] = {}  # unit -> (stage, micro-batch key)
+        self._keep = False
+
+    def replaced(self, param: nn.Parameter) -> nn.Parameter:
+        """The sharded parameter that replaced ``param`` (``param`` if it was not sharded)."""
+        return self._replaced.get(id(param), param)
+
+    def plan(self, actions: Iterable[Action], *, key_offset: int = 0, even: bool = True) -> None:
+        """Note, for each unit, the backward of this rank's ``actions`` that is its last
+        of the step: the one whose hook reduce-scatters its gradients. ``even``: every
+        replica of the stage runs as many micro-batches as this one; when not, a policy
+        of one gather per forward would gather a different number of times on each
+        replica, so the step gathers once and keeps the parameters until its last
+        backward."""
+        self._keep = self.reshard_after_forward and not even
+        if self._keep:
+            for unit in self.units:
+                unit.set_reshard_after_forward(False)
+        self._last = {}
+        for a in actions:
+            if a.op is Op.BACKWARD and a.microbatch is not None:
+                for unit in self.stage_units.get(a.stage, ()):
+                    self._last[id(unit)] = (a.stage, a.microbatch + key_offset)
+
+    def before_backward(self, stage: int, key: int) -> None:
+        """Set the switches of the stage's units for the backward of micro-batch ``key``:
+        reduce (and free the gathered parameters) in the unit's last backward only."""
+        for unit in self.stage_units.get(stage, ()):
+            last = self._last.get(id(unit)) == (stage, key)
+            unit.set_requires_gradient_sync(last, recurse=False)
+            unit.set_is_last_backward(last)
+            unit.set_reshard_after_backward(
+                last or (self.reshard_after_forward and not self._keep), recurse=False)
+
+    def gather(self, *, keep: bool) -> None:
+        """Gather every unit's parameters now (every replica calls it, in the same order);
+        with ``keep`` the forwards that follow keep them gathered (an evaluation)."""
+        for unit in self.units:
+            if keep:
+                unit.set_reshard_after_forward(False)
+            unit.unshard()
+
+    def release(self) -> None:
+        """Free every unit's gathered parameters (no communication) and restore the
+        configured policy; the units then hold only their shards."""
+        for unit in self.units:
+            unit.reshard()
+            unit.set_reshard_after_forward(self.reshard_after_forward)
+        self._keep = False
+
+    def attach(self, stages: Iterable[StageCompute]) -> None:
+        """Have ``stages`` call :meth:`before_backward` before each backward."""
+        for stage in stages:
+            stage.before_backward = self.before_backward
+
+    @contextlib.contextmanager
+    def training(self, actions: Iterable[Action], *, even: bool) -> Iterator[None]:
+        """A training step's block: :meth:`plan` before, :meth:`release` after (also
+        after a failure)."""
+        self.plan(actions, even=even)
+        try:
+            yield
+        finally:
+            self.release()
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """An evaluation's block: every unit gathered once on entry (every replica, also
+        one without a micro-batch), released on exit."""
+        try:
+            self.gather(keep=True)
+            yield
+        finally:
+            self.release()
+
+    def stages_holding(self) -> Collection[int]:
+        """The local stages with at least one sharded unit."""
+        return [j for j, units in self.stage_units.items() if units]
+
+
+def shard_stages(layers: Mapping[int, nn.Module], tied: Sequence[TiedParameter], *,
+                 ties: Iterable[Sequence[tuple[int, str]]], mesh: DeviceMesh | None,
+                 config: PipelineConfig, layout: Layout) -> tuple[ShardedStages, list[TiedParameter]]:
+    """Shard this rank's ``layers`` over the ``dp`` dimension of the job's ``mesh``
+    (:class:`ShardedStages`, every rank calls it); the cross-rank ``tied`` copies with
+    their sharded parameters.
+
+    Raises:
+        ValueError: a tie of ``ties`` has copies on one rank (:func:`refuse_local_ties`).
+    """
+    refuse_local_ties(ties, stage_to_rank=layout.stage_to_rank, layer_ranges=layout.layer_ranges)
+    assert mesh is not None  # one replica count everywhere (config_problems)
+    pipeline_rank = layout.stage_to_rank[next(j for j, r in enumerate(layout.layer_ranges)
+                                              if r.start in layers)]
+    sharded = ShardedStages(layers, mesh=mesh["dp"], reshard_after_forward=config.reshard_after_forward,
+                            stage_layers={j: list(layout.layer_ranges[j])
+                                          for j in layout.stages_of(pipeline_rank)})
+    return sharded, [dataclasses.replace(t, param=sharded.replaced(t.param)) for t in tied]

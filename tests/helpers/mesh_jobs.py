@@ -1,0 +1,124 @@
+"""Worker functions of the mesh tests: a GPT trained with FSDP2 over the replicas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from helpers.pipeline_jobs import GPT, GPT_CLIP, gpt_batches, sgd
+from pipetrain.api.config import PipelineConfig
+from pipetrain.models import gpt_layer_factories, gpt_loss, gpt_ties
+
+Params = dict[str, torch.Tensor]
+
+
+def full_parameters(pipe: Any) -> Params:
+    """This rank's parameters as whole tensors (a DTensor gathered over its replicas: a
+    collective of the replicas, called in the same order by each)."""
+    out = {}
+    for name, p in pipe.named_parameters().items():
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name] = value.detach().clone()
+    return out
+
+
+def make_pipeline(ctx: Any, config: dict[str, Any]) -> Any:
+    from pipetrain.api.pipeline import Pipeline
+
+    return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
+                    ties=gpt_ties(GPT), config=PipelineConfig(clip_grad_norm=GPT_CLIP, **config),
+                    context=ctx)
+
+
+def fsdp_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[tuple[Params, list[float]]]:
+    """Train each configuration ``steps`` steps; its whole parameters and losses."""
+    results = []
+    for config in configs:
+        pipe = make_pipeline(ctx, config)
+        losses = [pipe.train_step(x, y) for x, y in gpt_batches(steps)]
+        results.append((full_parameters(pipe), losses))
+        pipe.close()
+    return results
+
+
+class CollectiveCounts:
+    """Counts FSDP's collectives (``torch.distributed.all_gather_single`` and
+    ``reduce_scatter_single``) while a block runs, by wrapping them."""
+
+    def __init__(self) -> None:
+        self.gathers = 0
+        self.reductions = 0
+
+    def __enter__(self) -> CollectiveCounts:
+        import torch.distributed as dist
+
+        self._saved = (dist.all_gather_single, dist.reduce_scatter_single)
+        gather, reduce = self._saved
+
+        def counted_gather(*args: Any, **kwargs: Any) -> Any:
+            self.gathers += 1
+            return gather(*args, **kwargs)
+
+        def counted_reduce(*args: Any, **kwargs: Any) -> Any:
+            self.reductions += 1
+            return reduce(*args, **kwargs)
+
+        dist.all_gather_single, dist.reduce_scatter_single = counted_gather, counted_reduce
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        dist.all_gather_single, dist.reduce_scatter_single = self._saved
+
+
+def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
+                    path: str) -> list[dict[str, Any]]:
+    """Train each configuration ``steps`` steps and report, per configuration: whole
+    parameters, losses, FSDP collectives per step, whether every parameter is a DTensor
+    sharded over the replicas, the mesh; then, for the first one, an evaluation of one
+    sequence (one replica has no micro-batch), a smaller batch that the replicas split
+    unevenly, and a save to ``path``."""
+    results = []
+    for c, config in enumerate(configs):
+        pipe = make_pipeline(ctx, config)
+        losses, counts = [], []
+        for x, y in gpt_batches(steps):
+            with CollectiveCounts() as count:
+                losses.append(pipe.train_step(x, y))
+            counts.append((count.gathers, count.reductions))
+        mesh = pipe.mesh
+        result: dict[str, Any] = {
+            "params": full_parameters(pipe), "losses": losses, "counts": counts,
+            "units": len(pipe.sharded.units) if pipe.sharded is not None else 0,
+            "sharded": all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",)
+                           for p in pipe.parameters()),
+            "mesh": (mesh.mesh_dim_names, tuple(mesh.mesh.shape),
+                     tuple(mesh["dp"].mesh.tolist())),
+            "dp_ranks": pipe.layout.groups[pipe.pipeline_rank],
+        }
+        if c == 0:
+            x, y = gpt_batches(1, batch=1, first=steps)[0]
+            result["eval"] = pipe.eval_step(x, y)
+            x, y = gpt_batches(1, batch=3, first=steps)[0]  # 3 micro-batches over 2 replicas
+            result["uneven"] = pipe.train_step(x, y)
+            result["after_uneven"] = full_parameters(pipe)
+            pipe.save(path, extra={"data_step": steps + 1})
+        results.append(result)
+        pipe.close()
+    return results
+
+
+def resume_job(ctx: Any, config: dict[str, Any], path: str, steps: int) -> tuple[list[float], int]:
+    """Load ``path`` into a pipeline of ``config``, train ``steps`` more steps (the batches
+    after the saved ones); the losses and the restored step."""
+    pipe = make_pipeline(ctx, config)
+    extra = pipe.load(path)
+    assert extra is not None
+    first = extra["data_step"]
+    step = pipe.step
+    losses = [pipe.train_step(x, y) for x, y in gpt_batches(steps, first=first)]
+    pipe.close()
+    return losses, step
