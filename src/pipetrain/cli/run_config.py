@@ -59,6 +59,9 @@ class RunConfig:
     microbatches: int = 8
     schedule: str = "1f1b"
     vertical_sync: bool = False
+    fsdp: bool = False
+    reshard_after_forward: bool = False
+    tensor_parallel: int = 1
     virtual: int | None = None
     checkpoint: str = "never"
     balance: str | None = None
@@ -134,8 +137,8 @@ class RunConfig:
     def num_workers(self) -> int:
         """The processes the run needs."""
         if self.stage_replicas is not None:
-            return sum(self.stage_replicas)
-        return self.stages * self.replicas
+            return sum(self.stage_replicas) * self.tensor_parallel
+        return self.stages * self.replicas * self.tensor_parallel
 
     @property
     def asynchronous(self) -> bool:
@@ -159,6 +162,8 @@ class RunConfig:
                       f"{', '.join(map(str, self.stage_replicas))})")
         else:
             layout = f"{self.stages} stage{'s' * (self.stages != 1)} x {self.replicas} replica{'s' * (self.replicas != 1)}"
+        if self.fsdp:
+            layout += " (FSDP)"
         if self.stages_per_rank > 1:
             layout += f", {self.stages_per_rank} per rank"
         return (f"{self.schedule}, {layout}, {self.microbatches} "

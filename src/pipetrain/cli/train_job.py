@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from pipetrain.api.grad_check import NonFiniteError
 from pipetrain.api.lr_schedule import lr_factor
+from pipetrain.api.mesh import mesh_record
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.model_record import layout_record, model_record
@@ -191,7 +192,7 @@ class _Run:
         write_json(os.path.join(args.folder, "config.json"),
                    {"args": options, "sources": record["sources"],
                     "command_line": record["command_line"], "model": self.model_block,
-                    "layout": layout_record(self.pipe),
+                    "layout": layout_record(self.pipe), "mesh": mesh_record(self.pipe.config),
                     "data": data_record(args, self.dataset, self.tokenizer),
                     "world_size": dist.get_world_size()})
         self.records = RunRecords(

@@ -52,6 +52,9 @@ FLAGS = {
     "context": "--context",
     "dropout": "--dropout",
     "vertical_sync": "--vertical-sync",
+    "data_parallel": "--fsdp",
+    "tensor_parallel": "--tensor-parallel",
+    "reshard_after_forward": "--reshard-after-forward",
 }
 """The command-line flag of each configuration field (PipelineConfig, GPTConfig)."""
 
@@ -64,6 +67,8 @@ def flag(name: str, value: Any) -> str:
         ('--stages 4', '--batch-size 8')
     """
     option = FLAGS.get(name, "--" + name.replace("_", "-"))
+    if name == "data_parallel":  # --fsdp on or off
+        return option if value == "fsdp" else f"without {option}"
     if isinstance(value, bool):  # an on/off flag
         return option if value else f"without {option}"
     return f"{option} {value}"
@@ -152,6 +157,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--vertical-sync", action=_GivenFlag, default=False,
                         help="pipedream: every stage runs a micro-batch with the weight version "
                              "the first stage used for it")
+    layout.add_argument("--fsdp", action=_GivenFlag, default=False,
+                        help="the --replicas shard each stage's parameters, gradients and "
+                             "optimizer state (FSDP2) instead of holding whole copies "
+                             "(docs/mesh.md)")
+    layout.add_argument("--reshard-after-forward", action=_GivenFlag, default=False,
+                        help="--fsdp: free the gathered parameters after each forward and "
+                             "gather them again for its backward (less memory, more traffic)")
+    add(layout, "--tensor-parallel", type=_positive_int, default=1,
+        help="tensor-parallel ranks T of each stage (default 1; only 1 is available)")
     add(layout, "--virtual", type=_positive_int, default=None,
         help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
              "dualpipe-v place exactly 2")
@@ -258,6 +272,9 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "timeout": args.timeout,
         "nonfinite": args.nonfinite,
         "mixed_precision": None if args.precision == "fp32" else args.precision,
+        "data_parallel": "fsdp" if args.fsdp else "replicate",
+        "tensor_parallel": args.tensor_parallel,
+        "reshard_after_forward": bool(args.reshard_after_forward),
         **failure_bounds(args.timeout),
     }
 
