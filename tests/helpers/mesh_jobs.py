@@ -105,6 +105,7 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
             x, y = gpt_batches(1, batch=3, first=steps)[0]  # 3 micro-batches over 2 replicas
             result["uneven"] = pipe.train_step(x, y)
             result["after_uneven"] = full_parameters(pipe)
+            result["full_state_dict"] = pipe.full_state_dict()
             pipe.save(path, extra={"data_step": steps + 1})
         results.append(result)
         pipe.close()

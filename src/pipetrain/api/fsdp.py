@@ -43,7 +43,14 @@ from pipetrain.api.optimizer_step import TiedParameter
 from pipetrain.runtime.stage import StageCompute
 from pipetrain.schedule import Action, Op
 
-__all__ = ["ShardedStages", "local_tensor", "refuse_local_ties", "shard_stages", "shared_units"]
+__all__ = [
+    "ShardedStages",
+    "local_tensor",
+    "refuse_local_ties",
+    "shard_stages",
+    "shared_units",
+    "whole_tensors",
+]
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,6 +61,17 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
         [1.0, 1.0]
     """
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def whole_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each DTensor gathered whole (a collective of its mesh: every rank
+    holding it calls this with the same keys in the same order).
+
+    Example:
+        >>> whole_tensors({"w": torch.ones(2)})["w"].tolist()
+        [1.0, 1.0]
+    """
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
 
 
 def shared_units(layers: Mapping[int, nn.Module]) -> list[list[int]]:

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import KEEP, Loaded, load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
-from pipetrain.api.fsdp import ShardedStages, shard_stages
+from pipetrain.api.fsdp import ShardedStages, shard_stages, whole_tensors
 from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
@@ -461,5 +461,5 @@ class Pipeline:
         rank calls it). A captured model's has exactly ``model.state_dict()``'s keys."""
         order = self.captured.state_keys if self.captured is not None else None
         with self.guard():
-            return gather_state_dict(self.state_dict(), order=order)
+            return gather_state_dict(whole_tensors(self.state_dict()), order=order)
 
