@@ -114,6 +114,10 @@ def test_fsdp_over_replicas_trains_as_one_process_and_reshards_its_checkpoint(tm
         assert abs(got["eval"] - reference["eval"]) < TOLERANCE
         assert abs(got["uneven"] - reference["uneven"]) < TOLERANCE
     assert _worst(_merged(results, 0, "after_uneven"), reference["after_uneven"]) < TOLERANCE
+    for got in first:
+        assert "the mesh has shape (4, 1, 1) but the configuration needs" in got["mesh_error"]
+        assert "init_device_mesh(device_type, (2, 2, 1)" in got["mesh_error"]
+    assert all(rank_results[1]["same_mesh"] for rank_results in results)
     whole = first[0]["full_state_dict"]  # rank 0's: every tensor of the model, gathered
     assert all(got["full_state_dict"] is None for got in first[1:])
     assert _worst({k: v for k, v in whole.items() if k in reference["after_uneven"]},

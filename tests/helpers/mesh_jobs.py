@@ -24,12 +24,12 @@ def full_parameters(pipe: Any) -> Params:
     return out
 
 
-def make_pipeline(ctx: Any, config: dict[str, Any]) -> Any:
+def make_pipeline(ctx: Any, config: dict[str, Any], mesh: Any = None) -> Any:
     from pipetrain.api.pipeline import Pipeline
 
     return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
                     ties=gpt_ties(GPT), config=PipelineConfig(clip_grad_norm=GPT_CLIP, **config),
-                    context=ctx)
+                    context=ctx, mesh=mesh)
 
 
 def fsdp_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[tuple[Params, list[float]]]:
@@ -80,10 +80,14 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
     parameters, losses, FSDP collectives per step, whether every parameter is a DTensor
     sharded over the replicas, the mesh; then, for the first one, an evaluation of one
     sequence (one replica has no micro-batch), a smaller batch that the replicas split
-    unevenly, and a save to ``path``."""
+    unevenly, and a save to ``path``. The second configuration runs on a mesh built here
+    (the others build their own); a mesh of another shape is refused (``mesh_error``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     results = []
     for c, config in enumerate(configs):
-        pipe = make_pipeline(ctx, config)
+        mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("pp", "dp", "tp")) if c == 1 else None
+        pipe = make_pipeline(ctx, config, mesh)
         losses, counts = [], []
         for x, y in gpt_batches(steps):
             with CollectiveCounts() as count:
@@ -107,8 +111,15 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
             result["after_uneven"] = full_parameters(pipe)
             result["full_state_dict"] = pipe.full_state_dict()
             pipe.save(path, extra={"data_step": steps + 1})
+        if c == 1:
+            result["same_mesh"] = pipe.mesh is mesh
         results.append(result)
         pipe.close()
+    try:
+        make_pipeline(ctx, configs[0], init_device_mesh("cpu", (4, 1, 1),
+                                                        mesh_dim_names=("pp", "dp", "tp")))
+    except ValueError as error:
+        results[0]["mesh_error"] = str(error)
     return results
 
 
