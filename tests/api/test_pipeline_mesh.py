@@ -123,10 +123,14 @@ def test_fsdp_over_replicas_trains_as_one_process_and_reshards_its_checkpoint(tm
     assert _worst({k: v for k, v in whole.items() if k in reference["after_uneven"]},
                   reference["after_uneven"]) < TOLERANCE
 
-    # the sharded checkpoint (6 steps) into 2 stages, and into 1 stage replicated twice
+    # the sharded checkpoint (6 steps) into 2 stages, into 1 stage replicated twice, and
+    # into 2 stages sharded over 2 replicas again (another schedule)
     for config in ({"num_stages": 2, "num_microbatches": 3},
-                   {"num_stages": 1, "replicas": 2, "num_microbatches": 2}):
-        for losses, step in run_workers(resume_job, 2, config, path, 2, timeout=300):
+                   {"num_stages": 1, "replicas": 2, "num_microbatches": 2},
+                   {"num_stages": 2, "replicas": 2, "data_parallel": "fsdp", "schedule": "gpipe",
+                    "num_microbatches": 1}):
+        world = 4 if config.get("data_parallel") == "fsdp" else 2
+        for losses, step in run_workers(resume_job, world, config, path, 2, timeout=300):
             assert step == STEPS + 1
             assert max(abs(a - b) for a, b in zip(losses, reference["resumed"])) < TOLERANCE, config
 
