@@ -19,14 +19,14 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from pipetrain.launch.loopback import BACKEND, LOOPBACK, register
+from pipetrain.launch.processes import temporary_environment
 from pipetrain.runtime.host_address import interface_of
 
 __all__ = ["COMMAND_LINE_ENV", "LAUNCHED_ENV", "LaunchError", "LaunchInterrupted", "in_worker", "launch_local"]
@@ -141,7 +141,7 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
     handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     interrupted = False
     try:
-        with _worker_environment(nproc, dict(environment or {})):
+        with temporary_environment(_worker_environment(nproc, dict(environment or {}))):
             elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
     except SignalException as error:
         interrupted = True  # the workers had their stop; another signal must not undo it
@@ -204,8 +204,7 @@ def _wait_for_workers(timeout: float) -> None:
             pass
 
 
-@contextmanager
-def _worker_environment(nproc: int, extra: dict[str, str]) -> Iterator[None]:
+def _worker_environment(nproc: int, extra: dict[str, str]) -> dict[str, str]:
     """What the workers inherit, set while they are started and taken back after: each
     worker's math single-threaded unless the user chose otherwise (K workers share the
     cores instead of fighting), and gloo / NCCL on the loopback interface."""
@@ -213,15 +212,5 @@ def _worker_environment(nproc: int, extra: dict[str, str]) -> Iterator[None]:
     loopback = interface_of(LOOPBACK)
     if loopback is not None:
         values |= {"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback}
-    added = {name: value for name, value in values.items()
-             if name == LAUNCHED_ENV or name not in os.environ} | extra
-    before = {name: os.environ.get(name) for name in added}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return {name: value for name, value in values.items()
+            if name == LAUNCHED_ENV or name not in os.environ} | extra

@@ -15,14 +15,39 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["ProcessesFailed", "free_port", "run_processes"]
+__all__ = ["ProcessesFailed", "free_port", "run_processes", "temporary_environment"]
 
 
 class ProcessesFailed(AssertionError):
     """A rank raised or gave no result; the message holds each rank's traceback."""
+
+
+@contextmanager
+def temporary_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in ``os.environ`` (what processes started meanwhile inherit), and
+    the previous values (or their absence) put back after.
+
+    Example:
+        >>> with temporary_environment({"PIPETRAIN_EXAMPLE": "1"}):
+        ...     os.environ["PIPETRAIN_EXAMPLE"]
+        '1'
+        >>> "PIPETRAIN_EXAMPLE" in os.environ
+        False
+    """
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def free_port() -> int:

@@ -9,29 +9,13 @@ for the spawned ranks only: the caller's own stays as it was.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["MALLOC_TUNED", "agree", "gather_objects", "run_job"]
 
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
 """glibc malloc settings that keep freed memory instead of returning it to the system."""
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: int = 1,
@@ -42,12 +26,12 @@ def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: in
 
         results = run_job(worker, opts, world_size=2, timeout=600)
     """
-    from pipetrain.launch import run_processes
+    from pipetrain.launch.processes import run_processes, temporary_environment
 
     env = {"OMP_NUM_THREADS": str(threads)}  # inherited by the spawned interpreters
     if malloc_tuned:
         env.update(MALLOC_TUNED)
-    with _environment(env):
+    with temporary_environment(env):
         return run_processes(fn, world_size, *args, timeout=timeout)
 
 
