@@ -231,3 +231,24 @@ def test_an_older_checkpoint_that_lost_its_index_is_damage_not_an_error(tmp_path
     _save(Path(path + ".partial"), 30)
     commit(path + ".partial", path, keep=3)
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "checkpoint.damaged-step-10", "checkpoint.step-20"]
+
+
+def test_a_resume_is_resolved_without_reading_the_checksums(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: the launcher and every worker read the whole checkpoint for its CRCs on resume
+    (world + 1 full reads); resolving checks files and index only, and the job's rank 0
+    verifies the checksums once, when it loads."""
+    from pipetrain.api import checkpoint_files
+    from pipetrain.cli.main import build_parser
+    from pipetrain.cli.train_checks import prepare
+
+    path = tmp_path / "checkpoint"
+    _save(path, 7)
+    reads: list[str] = []
+    real = checkpoint_files._crc32
+    monkeypatch.setattr(checkpoint_files, "_crc32", lambda name: reads.append(name) or real(name))
+    _, resume, problems = prepare(build_parser().parse_args(
+        ["train", "--resume", str(path), "--steps", "10", "--layers", "1", "--width", "16",
+         "--heads", "2", "--context", "16", "--batch-size", "4", "--microbatches", "2"]))
+    assert resume is not None and resume.step == 7 and reads == []
+    assert checkpoint_problem(path) is None and len(reads) == len(os.listdir(path)) - 1
