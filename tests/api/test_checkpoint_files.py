@@ -247,7 +247,7 @@ def test_a_resume_is_resolved_without_reading_the_checksums(tmp_path: Path,
     reads: list[str] = []
     real = checkpoint_files._crc32
     monkeypatch.setattr(checkpoint_files, "_crc32", lambda name: reads.append(name) or real(name))
-    _, resume, problems = prepare(build_parser().parse_args(
+    _, resume, _ = prepare(build_parser().parse_args(
         ["train", "--resume", str(path), "--steps", "10", "--layers", "1", "--width", "16",
          "--heads", "2", "--context", "16", "--batch-size", "4", "--microbatches", "2"]))
     assert resume is not None and resume.step == 7 and reads == []
