@@ -44,10 +44,10 @@ def test_one_thread_per_partition_persisting_between_steps():
         forward = set(recorder.forward_threads)
         assert len(forward) == 1  # the same thread in every step
         threads.append(forward.pop())
-        # backward on the thread of the forward
-        assert set(recorder.backward_threads) == {threads[-1]}
-    # the last partition runs on the caller's thread (which autograd runs the backward
-    # on, and which would only wait meanwhile); the others each on a worker of their own
+        # the backward runs where autograd runs it: on the caller's thread
+        assert set(recorder.backward_threads) == {threading.get_ident()}
+    # the last partition's forward runs on the caller's thread (which would only wait
+    # meanwhile); the others each on a worker of their own
     assert threads[2] == threading.get_ident()
     assert len(set(threads)) == 3
     names = {t.ident: t.name for t in threading.enumerate()}

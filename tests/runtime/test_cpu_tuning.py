@@ -72,7 +72,7 @@ def test_gpipe_gives_cpu_partitions_the_tunings_asked_for() -> None:
     plain = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=2)
     plain(torch.randn(4, 4)).sum().backward()
     local = plain._local
-    assert local is not None and local.sharing is not None and local.sharing.limit == 1
+    assert local is not None and local.sharing is None  # the default holds nothing ahead
     assert all(type(e.stages[j].gradient_pool) is GradientPool
                for j, e in enumerate(local.executors))
     tuned = pipetrain.GPipe(model, [2, 1], devices=["cpu", "cpu"], chunks=2, recompute_ahead=1,

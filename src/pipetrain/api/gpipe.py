@@ -3,10 +3,16 @@
 A torchgpipe user changes only the import. Underneath, every partition is a stage of
 pipetrain's runtime with its own persistent worker thread (also when partitions share a
 device), the fill-drain schedule is the same action list the simulator draws, and
-activations and gradients move through the thread transport. On a GPU, each partition
-computes on its own CUDA stream and values cross devices on copy streams
-(:mod:`pipetrain.runtime.streams`); the backward then runs on autograd's thread for the
-output's GPU, last partition first, the partitions' kernels overlapping on their streams.
+activations and gradients move through the thread transport. In the forward phase the
+partitions overlap, micro-batch after micro-batch (the last partition runs on the
+caller's thread, which would only wait). The backward runs where autograd runs it, on
+the caller's thread, last partition first: on the CPU, as a plain model's backward
+runs (one intra-op thread team, one malloc arena, each checkpointed partition
+recomputed right before its backward: torchgpipe's peak memory); on a GPU, each
+partition computes on its own CUDA stream and values cross devices on copy streams
+(:mod:`pipetrain.runtime.streams`), the partitions' kernels overlapping on their
+streams. With one micro-batch on the CPU there is nothing to overlap: the caller's
+thread runs the forward too.
 """
 
 from __future__ import annotations
@@ -166,11 +172,11 @@ class GPipe(nn.Module):
             gradient accumulators, e.g. by DDP wrapping this module).
         recompute_ahead: for partitions on the CPU, how many re-materialized
             micro-batches a partition may hold beyond the one its backward needs, so
-            that idle workers can rebuild them ahead (see
+            that idle workers can rebuild them ahead while the backward runs (see
             :mod:`pipetrain.runtime.shared_recompute`). The default, ``0``, adds no
-            memory: idle workers then rebuild a partition's next graph only while the
-            partition holds none. ``1`` is faster on the CPU (checkpointed modes) and
-            holds one more micro-batch's activations per partition.
+            memory: each checkpointed partition is recomputed right before its backward,
+            as in torchgpipe. ``1`` can be faster on the CPU (checkpointed modes) and
+            holds up to one more micro-batch's activations per partition.
         reuse_gradient_buffers: on the CPU, write each step's weight gradients into the
             memory of the previous step's, once ``zero_grad()`` dropped them (saves the
             page faults of fresh memory on the first backward of a step, but holds the

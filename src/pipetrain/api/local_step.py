@@ -90,14 +90,12 @@ class LocalPipeline:
 
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,
-             sharing: RecomputeSharing | None = None,
              speculators: Sequence[int] = (), generation: int = 0,
              here: int | None = None) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
-        stages are using). With ``sharing``, a worker whose task is done helps the others
-        with their recomputations until every task is done. Workers ``speculators`` go on
+        stages are using). Workers ``speculators`` go on
         rebuilding checkpointed micro-batches after their task (without this call
         waiting for them) until speculation number ``generation`` ends (the backward
         begins, or another forward). Worker ``here``'s task runs on the calling thread
@@ -110,17 +108,11 @@ class LocalPipeline:
                 return None
 
             def work() -> None:
-                try:
-                    with self.streams.stage(j):
-                        if acts:
-                            _run_with_grad(executor, acts, io, grad)
-                        if j in then:
-                            then[j]()
-                finally:
-                    if sharing is not None:
-                        sharing.task_done()
-                if sharing is not None:
-                    sharing.help_until_done(lambda: self.transport.mailbox.error)
+                with self.streams.stage(j):
+                    if acts:
+                        _run_with_grad(executor, acts, io, grad)
+                    if j in then:
+                        then[j]()
                 if speculation is not None:
                     for stage in executor.stages.values():
                         speculation.forward_done(stage)
@@ -131,20 +123,13 @@ class LocalPipeline:
 
         tasks = [task(j, e, a, io)
                  for j, (e, a, io) in enumerate(zip(self.executors, actions, ios))]
-        if sharing is not None:
-            sharing.open(ios[0].key_offset, ios[0].key_offset + KEY_STRIDE,
-                         tasks=sum(t is not None for t in tasks))
         try:
             self.workers.run(tasks, here=here)
         except BaseException:
-            if sharing is not None:
-                sharing.close()
             for executor in self.executors:
                 executor.reset()
             self.transport.mailbox.clear()
             raise
-        if sharing is not None:
-            sharing.close()
 
     def close(self) -> None:
         """End any recomputation in progress and stop the workers."""
@@ -283,17 +268,16 @@ class LocalPipeline:
 
         try:
             with self.streams.edges():
+                # this thread, which autograd runs the backward on, runs every stage's
+                # part, last stage first, as autograd would run the whole model's
                 if self.streams.active or self._serial(num_microbatches):
                     self._stop_sharing()  # no CPU stage's rebuild runs beside it
                     self._run_in_order(session.backward_actions, ios, then={0: merge},
                                        backward=True)
                 else:
-                    # the caller's thread, which autograd runs this backward on, runs the
-                    # last CPU stage's part itself (as autograd runs a whole backward
-                    # there): its gradients come from the caller's memory, where the
-                    # caller's loss freed memory
-                    self._run(session.backward_actions, ios, grad=True, then={0: merge},
-                              sharing=self.sharing, here=self._caller_stage())
+                    self._run_in_order(session.backward_actions, ios, then={0: merge},
+                                       backward=True, sharing=self.sharing,
+                                       low=ios[0].key_offset)
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)
@@ -304,18 +288,29 @@ class LocalPipeline:
 
     def _run_in_order(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
                       then: dict[int, Callable[[], None]], grad: bool = True,
-                      backward: bool = False) -> None:
+                      backward: bool = False, sharing: RecomputeSharing | None = None,
+                      low: int = 0) -> None:
         """A phase on this thread, one stage after another (first stage first; last stage
-        first for a ``backward`` phase), each on its CUDA stream if it has one.
+        first for a ``backward`` phase), each on its CUDA stream if it has one. With
+        ``sharing`` (an opt-in CPU tuning), the idle CPU workers meanwhile rebuild the
+        checkpointed micro-batches (keys from ``low``) that later stages will need.
 
-        With a stage on a GPU, this thread is autograd's thread for that GPU (it runs
-        :class:`_PipelineFunction`'s backward): a stage's backward called from another
-        thread would wait for it forever, one called from here runs here. The GPU still
-        overlaps the stages (their kernels queue on their own streams), and each stage's
-        backward needs only what later stages sent (fill-drain order). On the CPU it runs
-        a single micro-batch (:meth:`_serial`).
+        This thread is autograd's (it runs :class:`_PipelineFunction`'s backward). With a
+        stage on a GPU, a stage's backward called from another thread would wait for it
+        forever, one called from here runs here; the GPU still overlaps the stages (their
+        kernels queue on their own streams), and each stage's backward needs only what
+        later stages sent (fill-drain order). With the stages on the CPU, running the
+        backward here, as autograd runs a plain model's, keeps one thread team and one
+        malloc arena for it, and each checkpointed partition is recomputed right before
+        its backward (torchgpipe's peak memory); partitions that share the CPU overlap in
+        the forward phase, where their outputs wait for nothing but their inputs.
         """
         order = reversed(range(len(self.executors))) if backward else range(len(self.executors))
+        if sharing is not None:
+            sharing.open(low, low + KEY_STRIDE, tasks=1)
+            for j in self._on_cpu:
+                self.workers.submit(j, functools.partial(
+                    sharing.help_until_done, lambda: self.transport.mailbox.error))
         try:
             for j in order:
                 with self.streams.stage(j):
@@ -324,10 +319,16 @@ class LocalPipeline:
                     if j in then:
                         then[j]()
         except BaseException:
+            if sharing is not None:
+                sharing.task_done()
+                sharing.close()
             for executor in self.executors:
                 executor.reset()
             self.transport.mailbox.clear()
             raise
+        if sharing is not None:
+            sharing.task_done()
+            sharing.close()
 
     def _serial(self, num_microbatches: int) -> bool:
         """Whether a call runs every stage on the caller's thread, in order: with every
@@ -339,13 +340,13 @@ class LocalPipeline:
                 and len(self._on_cpu) == len(self.executors))
 
     def _caller_stage(self) -> int | None:
-        """The stage whose actions the caller's thread runs (``None``: none): the last
+        """The stage whose forward the caller's thread runs (``None``: none): the last
         one, if it is on the CPU. The caller would only wait for the workers meanwhile;
-        running the last stage there, forward and backward, keeps its memory in the
-        caller's malloc arena (where the caller's loss frees memory) and, with a single
-        partition, leaves one intra-op thread team in the process, as plain PyTorch has
-        (a second team, spinning in a worker, would make GNU OpenMP put the idle threads
-        of both to sleep after each parallel region)."""
+        running the last stage there keeps its memory in the caller's malloc arena, where
+        its backward runs, and, with a single partition, leaves one intra-op thread team
+        in the process, as plain PyTorch has (a second team, spinning in a worker, would
+        make GNU OpenMP put the idle threads of both to sleep after each parallel
+        region)."""
         last = len(self.executors) - 1
         return last if last in self._on_cpu else None
 

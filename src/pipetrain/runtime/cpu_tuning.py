@@ -7,8 +7,8 @@ them, ``GPipe`` builds one from its keywords, and nothing of it runs on a GPU pi
 
 | tuning | ``GPipe`` keyword | default | costs |
 |---|---|---|---|
-| idle workers rebuild other partitions' checkpointed micro-batches (:mod:`.shared_recompute`) | ``recompute_ahead`` | on, with ``0`` graphs ahead | ``recompute_ahead`` more micro-batches' activations per partition |
-| the caller's thread runs the last CPU partition's backward (its memory comes from the caller's malloc arena) | — | on | nothing |
+| the caller's thread runs the backward, last partition first (as autograd runs a plain model's: one thread team, one malloc arena, each checkpointed partition recomputed right before its backward), the last partition's forward too, and every partition of a single micro-batch | — | on | partitions do not overlap in the backward |
+| idle workers rebuild the checkpointed micro-batches that the backward will need next (:mod:`.shared_recompute`) | ``recompute_ahead`` | off (``0``) | up to ``recompute_ahead`` more micro-batches' activations per partition |
 | GNU OpenMP counts the workers among its threads, so idle OpenMP threads sleep (:func:`join_openmp_count`) | ``throttle_openmp_spin`` | off | process-wide: the caller's own parallel ops wake their threads from sleep |
 | a step's weight gradients written into the memory of the last step's, once ``zero_grad()`` dropped them (:class:`ReusingGradientPool`) | ``reuse_gradient_buffers`` | off | the gradients' size held between steps |
 
@@ -45,7 +45,8 @@ class CpuTuning:
     """
 
     recompute_ahead: int = 0
-    """micro-batches a partition may hold rebuilt beyond the one its backward needs"""
+    """micro-batches a partition may hold rebuilt beyond the one its backward needs (``0``:
+    none; each partition is recomputed right before its backward)"""
     reuse_gradient_buffers: bool = False
     throttle_openmp_spin: bool = False
 
@@ -55,7 +56,7 @@ class CpuTuning:
             raise ValueError(
                 f"recompute_ahead must be a non-negative integer, got {ahead!r}; "
                 "fix: recompute_ahead=0 (the default) adds no memory, recompute_ahead=1 "
-                "lets idle workers rebuild one micro-batch ahead"
+                "lets idle workers rebuild one micro-batch ahead per partition"
             )
 
     def worker_setup(self) -> Callable[[], None] | None:
@@ -71,8 +72,9 @@ class CpuTuning:
         """Let the CPU workers ``helpers`` (thread identifiers) rebuild the checkpointed
         micro-batches of ``stages`` (the CPU stages) when idle; ``transport`` is their
         :class:`~pipetrain.runtime.threads.ThreadTransport`, whose receivers help while
-        they wait. ``None`` (nothing shared) with fewer than two CPU workers."""
-        if len(helpers) < 2:
+        they wait. ``None`` (nothing shared) with ``recompute_ahead=0`` or fewer than two
+        CPU workers."""
+        if self.recompute_ahead == 0 or len(helpers) < 2:
             return None
         sharing = RecomputeSharing(stages, transport.mailbox.condition, helpers=helpers,
                                    limit=1 + self.recompute_ahead, timeout=transport.timeout)
