@@ -175,6 +175,8 @@ class Pipeline:
         if fsdp:
             self.sharded, ties_here = shard_stages(self.layers, ties_here, ties=ties, mesh=self.mesh,
                                                    config=config, layout=self.layout)
+            if self.captured is not None:  # its container held the parameters FSDP replaced
+                self.model = self.captured.container(self.layers)
 
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)
