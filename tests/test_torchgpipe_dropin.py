@@ -422,6 +422,40 @@ def test_a_hook_on_a_checkpointed_partition_fires_again_in_recomputation():
         assert torch.allclose(a[2], b[2])
 
 
+def stop_count(package: Any) -> int:
+    """torchgpipe's test_exception_early_stop_asap: how many micro-batches the partition
+    before a failing one finished before the failure stopped it."""
+    import time
+
+    class Expected(Exception):
+        pass
+
+    counted = [0]
+
+    class Counter(nn.Module):
+        def forward(self, x):
+            time.sleep(0.1)
+            counted[0] += 1
+            return x
+
+    class Raise(nn.Module):
+        def forward(self, x):
+            raise Expected()
+
+    model = package.GPipe(nn.Sequential(nn.Identity(), nn.Identity(), Counter(), Raise()),
+                          [1, 1, 1, 1], devices=["cpu"] * 4, chunks=3)
+    with pytest.raises(Expected):
+        model(torch.rand(3))
+    return counted[0]
+
+
+def test_a_failure_stops_the_other_partitions_as_soon_as_torchgpipe_or_sooner():
+    # torchgpipe's clock lets the partition before the failing one finish the micro-batch
+    # of the failing clock (2); pipetrain's stops it at its next receive: 1 or 2
+    assert stop_count(torchgpipe) == 2
+    assert stop_count(pipetrain) in (1, 2)
+
+
 # -- pipetrain.balance --------------------------------------------------------------------
 
 
