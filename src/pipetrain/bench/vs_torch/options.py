@@ -46,8 +46,8 @@ class Options:
     """Layers per stage (embedding, blocks, head); ``None``: the cut whose ideal 1F1B step
     is shortest."""
     tf_schedules: tuple[str, ...] = SCHEDULES
-    tf_reps: int = 15
-    tf_warmup: int = 3
+    tf_reps: int = 10
+    tf_warmup: int = 2
     tf_cost_rounds: int = 2
     """Rounds of M micro-batches timed per layer for the ideal of part 3."""
     trace_torch: bool = True
