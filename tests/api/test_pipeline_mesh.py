@@ -154,12 +154,14 @@ def test_mesh_settings_are_checked_and_recorded() -> None:
         PipelineConfig(data_parallel="zero")
     with pytest.raises(ValueError, match="reshard_after_forward=True is an FSDP option"):
         PipelineConfig(reshard_after_forward=True)
-    with pytest.raises(ValueError, match="tensor parallelism is not available yet"):
-        PipelineConfig(tensor_parallel=2)
+    with pytest.raises(ValueError, match="tensor_parallel=0 must be a positive integer"):
+        PipelineConfig(tensor_parallel=0)
     config = PipelineConfig(num_stages=2, replicas=2, data_parallel="fsdp")
     assert config.world_size == 4
     assert mesh_record(config) == {"pp": 2, "dp": 2, "tp": 1, "world_size": 4,
                                    "data_parallel": "fsdp", "reshard_after_forward": False}
+    config = PipelineConfig(num_stages=2, replicas=2, tensor_parallel=2)
+    assert config.world_size == 8 and mesh_record(config)["tp"] == 2
 
 
 def test_fsdp_refuses_tied_copies_on_one_rank() -> None:

@@ -26,19 +26,25 @@ def full_parameters(pipe: Any) -> Params:
 
 def make_pipeline(ctx: Any, config: dict[str, Any], mesh: Any = None) -> Any:
     from pipetrain.api.pipeline import Pipeline
+    from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
 
+    plan = gpt_tensor_parallel_plan if config.get("tensor_parallel", 1) > 1 else None
     return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
                     ties=gpt_ties(GPT), config=PipelineConfig(clip_grad_norm=GPT_CLIP, **config),
-                    context=ctx, mesh=mesh)
+                    context=ctx, mesh=mesh, tensor_parallel_plan=plan)
 
 
-def fsdp_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[tuple[Params, list[float]]]:
-    """Train each configuration ``steps`` steps; its whole parameters and losses."""
+def fsdp_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
+             path: str | None = None) -> list[tuple[Params, list[float]]]:
+    """Train each configuration ``steps`` steps; its whole parameters and losses. The
+    last configuration saves to ``path`` (if given)."""
     results = []
-    for config in configs:
+    for c, config in enumerate(configs):
         pipe = make_pipeline(ctx, config)
         losses = [pipe.train_step(x, y) for x, y in gpt_batches(steps)]
         results.append((full_parameters(pipe), losses))
+        if path is not None and c == len(configs) - 1:
+            pipe.save(path, extra={"data_step": steps})
         pipe.close()
     return results
 

@@ -119,8 +119,9 @@ class PipelineConfig:
     :mod:`pipetrain.api.fsdp`). The job is one mesh ``(pp, dp, tp)`` (see
     :mod:`pipetrain.api.mesh`)."""
     tensor_parallel: int = 1
-    """Tensor-parallel ranks of every stage (``T``, the mesh's innermost dimension);
-    only 1 is available."""
+    """Tensor-parallel ranks of every (stage, replica) position (``T``, the mesh's
+    innermost dimension); with ``T > 1`` the Pipeline needs a ``tensor_parallel_plan``
+    (see :mod:`pipetrain.api.tensor_parallel`)."""
     reshard_after_forward: bool = False
     """``fsdp`` only: free the gathered parameters after each forward and gather them again
     for each backward (less memory, one all-gather per micro-batch); default: gathered once
@@ -303,13 +304,14 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
                      f"{say('timeout', 300.0)}")
     found.extend(async_problems(v, name, say))
     found.extend(mesh_problems(v, name, say))
-    if user is not None and v["data_parallel"] == "fsdp" and any(
+    if user is not None and (v["data_parallel"] == "fsdp" or v["tensor_parallel"] != 1) and any(
             a.op is Op.BACKWARD_INPUT for rank in user.actions for a in rank):
-        found.append(f"{say('data_parallel', 'fsdp')}: the user schedule {user.name!r} splits "
-                     "backwards into input and weight halves (I and W actions), and FSDP "
-                     "reduce-scatters a module's gradients from its own hook when the input "
-                     "half passes it, before the weight half has computed them; fix: full "
-                     f"backwards (B actions) or {say('data_parallel', 'replicate')}")
+        found.append(f"the user schedule {user.name!r} splits backwards into input and weight "
+                     "halves (I and W actions), which FSDP (it reduce-scatters a module's "
+                     "gradients from its own hook when the input half passes it, before the "
+                     "weight half has computed them) and tensor parallelism (not available "
+                     "yet) cannot run; fix: full backwards (B actions), or "
+                     f"{say('data_parallel', 'replicate')} and {say('tensor_parallel', 1)}")
     found.extend(v["extra_problems"])
     return found
 

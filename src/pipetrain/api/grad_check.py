@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from pipetrain.api.tensor_parallel import tensor_parallel_copies
+
 __all__ = [
     "NONFINITE_POLICIES",
     "GradCheck",
@@ -82,7 +84,8 @@ class GradCheck:
         return self.loss_finite and math.isfinite(self.grad_norm)
 
 
-def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch.Tensor:
+def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
+                  tensor_parallel: int = 1) -> torch.Tensor:
     """Sum of the squared gradients: each gradient's norm in its own precision (float32
     at least), the squares added up in float64, so that the result does not depend on
     the layout (a run resharded to another number of stages clips as before).
@@ -94,13 +97,18 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device) -> torch
     million elements near 2e16); such a step counts as non-finite, as a diverged one
     should.
     """
-    grads = [_local(p.grad) for p in params if p.grad is not None]
-    if not grads:
+    full = [p.grad for p in params if p.grad is not None]
+    if not full:
         return torch.zeros((), dtype=torch.float64, device=device)
+    grads = [_local(g) for g in full]
     norms = torch.stack([
         torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32))
         .to(torch.float64) for g in grads])
-    return norms.square().sum().to(device)
+    squares = norms.square()
+    if tensor_parallel > 1:  # a gradient every tp rank holds whole counts once
+        squares = squares / torch.tensor([tensor_parallel_copies(g, tensor_parallel) for g in full],
+                                         dtype=torch.float64)
+    return squares.sum().to(device)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -146,6 +154,7 @@ def check_gradients(
     device: torch.device,
     group: dist.ProcessGroup | None = None,
     loss_sum: float | torch.Tensor = 0.0,
+    tensor_parallel: int = 1,
 ) -> GradCheck:
     """The global gradient norm and loss finiteness of a step (every rank of ``group`` calls it).
 
@@ -154,6 +163,9 @@ def check_gradients(
     all-reduce every replica of a stage holds the same gradients, so each rank adds its
     share divided by its stage's ``replicas`` (which may differ from stage to stage).
     ``loss_sum`` (this rank's losses added up, float64) travels in the same all-reduce.
+    With ``tensor_parallel > 1`` a gradient that every rank of a ``tp`` group holds whole
+    is divided among them, a sharded one counts its shard (see
+    :func:`~pipetrain.api.tensor_parallel.tensor_parallel_copies`).
 
     Example (one process)::
 
@@ -163,7 +175,7 @@ def check_gradients(
     """
     flag = torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64, device=device)
     losses = torch.as_tensor(loss_sum, dtype=torch.float64).to(device)
-    values = torch.stack([_squared_norm(params, device) / replicas, flag, losses])
+    values = torch.stack([_squared_norm(params, device, tensor_parallel) / replicas, flag, losses])
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(values, group=group)
     squared, bad_losses, total = (float(v) for v in values.cpu())

@@ -39,6 +39,12 @@ class Layout:
     pipeline rank ``g // D``, replica ``g % D``. Micro-batch ``i`` of a stage runs on
     replica ``i % D`` of its pipeline rank (:meth:`placement`).
 
+    With ``tensor_parallel = T > 1`` every (pipeline rank, replica) position is ``T``
+    processes, global ranks ``r * T + t`` for position ``r`` (as above) and tensor-parallel
+    index ``t`` (the mesh's ``tp``, innermost). The layout of index ``tp_index`` names the
+    ranks of that index only: its stages exchange activations with the ranks of the same
+    index, each index a pipeline of its own (:mod:`pipetrain.api.mesh`).
+
     Example:
         >>> from pipetrain.api.config import PipelineConfig
         >>> layout = Layout.create(PipelineConfig(num_stages=2, replicas=2), num_layers=4)
@@ -63,10 +69,15 @@ class Layout:
     """Layers of each model stage."""
     replica_counts: tuple[int, ...]
     """Replicas of each pipeline rank."""
+    tensor_parallel: int = 1
+    """Tensor-parallel ranks of every position (``T``)."""
+    tp_index: int = 0
+    """The tensor-parallel index whose ranks this layout names."""
 
     @staticmethod
-    def create(config: PipelineConfig, *, num_layers: int) -> Layout:
-        """The layout of ``num_layers`` layers under ``config``."""
+    def create(config: PipelineConfig, *, num_layers: int, tp_index: int = 0) -> Layout:
+        """The layout of ``num_layers`` layers under ``config`` (the ranks of tensor-parallel
+        index ``tp_index``)."""
         num_model_stages = config.num_model_stages
         if config.balance is None:
             if num_model_stages > num_layers:
@@ -88,16 +99,28 @@ class Layout:
                 )
         starts = [sum(balance[:j]) for j in range(len(balance))]
         ranges = tuple(range(s, s + n) for s, n in zip(starts, balance))
-        return Layout(config.num_stages, config.stage_to_rank, ranges, config.replica_counts)
+        return Layout(config.num_stages, config.stage_to_rank, ranges, config.replica_counts,
+                      config.tensor_parallel, tp_index)
 
     @property
     def world_size(self) -> int:
-        return sum(self.replica_counts)
+        return sum(self.replica_counts) * self.tensor_parallel
 
     @property
     def groups(self) -> tuple[tuple[int, ...], ...]:
-        """The global ranks of each pipeline rank's replicas."""
-        return replica_ranks(self.replica_counts)
+        """The global ranks of each pipeline rank's replicas (of this tensor-parallel index).
+
+        Example:
+            >>> from pipetrain.api.config import PipelineConfig
+            >>> config = PipelineConfig(num_stages=2, replicas=2)
+            >>> Layout.create(config, num_layers=2).groups
+            ((0, 1), (2, 3))
+            >>> Layout(2, (0, 1), (range(0, 1), range(1, 2)), (1, 1), 2, 1).groups
+            ((1,), (3,))
+        """
+        t, tp = self.tp_index, self.tensor_parallel
+        return tuple(tuple(r * tp + t for r in group)
+                     for group in replica_ranks(self.replica_counts))
 
     @property
     def uniform(self) -> bool:

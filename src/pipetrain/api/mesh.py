@@ -112,6 +112,30 @@ def check_mesh(mesh: DeviceMesh, config: Any) -> None:
                          f"tensor-parallel index g % T; {fix}")
 
 
+def _tensor_parallel_problems(values: Mapping[str, Any], name: str,
+                              say: Callable[[str, Any], str]) -> list[str]:
+    """What ``tensor_parallel > 1`` cannot run with (not available yet, or never)."""
+    from pipetrain.schedule import ASYNC_SCHEDULES
+
+    tp = values["tensor_parallel"]
+    found: list[str] = []
+    counts = values["stage_replicas"]
+    if counts is not None and len(set(counts)) > 1:
+        found.append(f"{say('tensor_parallel', tp)} needs the same number of replicas on every "
+                     f"stage (one mesh), got {say('stage_replicas', tuple(counts))}; fix: "
+                     f"{say('replicas', max(counts))} or {say('tensor_parallel', 1)}")
+    unavailable = []
+    if values.get("mixed_precision") is not None:
+        unavailable.append(say("mixed_precision", values["mixed_precision"]))
+    if name in ASYNC_SCHEDULES or name in SPLIT_BACKWARD_SCHEDULES:
+        unavailable.append(f"schedule {name!r}")
+    if unavailable:
+        found.append(f"{say('tensor_parallel', tp)} with {' and '.join(unavailable)} is not "
+                     f"available yet; fix: {say('tensor_parallel', 1)}, or "
+                     f"{say('schedule', '1f1b')} with replicated float32 stages")
+    return found
+
+
 def mesh_problems(values: Mapping[str, Any], name: str,
                   say: Callable[[str, Any], str]) -> list[str]:
     """The problems of the :class:`~pipetrain.api.config.PipelineConfig` fields ``values``
@@ -136,8 +160,7 @@ def mesh_problems(values: Mapping[str, Any], name: str,
         found.append(f"{say('tensor_parallel', tp)} must be a positive integer, e.g. "
                      f"{say('tensor_parallel', 1)}")
     elif tp > 1:
-        found.append(f"{say('tensor_parallel', tp)}: tensor parallelism is not available yet; "
-                     f"fix: {say('tensor_parallel', 1)}")
+        found.extend(_tensor_parallel_problems(values, name, say))
     reshard = values["reshard_after_forward"]
     if not isinstance(reshard, bool):
         found.append(f"{say('reshard_after_forward', reshard)} must be True or False")

@@ -79,7 +79,10 @@ class StageOptimizers:
         release: Callable[[int], None] | None = None,
         scaler: LossScaler | None = None,
         sharded: bool = False,
+        tensor_parallel: int = 1,
     ) -> None:
+        self.tensor_parallel = tensor_parallel
+        """Tensor-parallel ranks of each position (gradients are DTensors or copies)."""
         self.sharded = sharded
         """Whether the parameters are FSDP2 shards over the replicas (``data_parallel=
         'fsdp'``): FSDP's own hooks reduce-scatter their gradients (no all-reduce here),
@@ -165,14 +168,14 @@ class StageOptimizers:
                 continue
             if tie.param.grad is None:
                 tie.param.grad = torch.zeros_like(tie.param)
-            grad = tie.param.grad.to_local() if isinstance(tie.param.grad, DTensor) else tie.param.grad
-            pending.works.append(dist.all_reduce(grad, group=tie.group, async_op=True))
+            pending.works.append(dist.all_reduce(_local(tie.param.grad), group=tie.group,
+                                                 async_op=True))
         self._pending[stage] = pending
 
     def _flat_gradients(self, stage: int, params: list[nn.Parameter]) -> torch.Tensor:
         """The stage's gradients in one tensor, for one all-reduce. The buffer is kept
         from step to step (a fresh one of tens of MB costs its page faults every step)."""
-        grads = [p.grad.reshape(-1) for p in params]  # type: ignore[union-attr]
+        grads = [_local(p.grad).reshape(-1) for p in params]  # type: ignore[arg-type]
         total = sum(g.numel() for g in grads)
         buffer = self._flats.get(stage)
         if len({(g.dtype, g.device) for g in grads}) != 1 or stage in self._pending:
@@ -214,7 +217,8 @@ class StageOptimizers:
         check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
                                 replicas=1 if self.sharded else self.dp_size,
                                 device=self.scalar_device,
-                                group=self.check_group, loss_sum=self.loss_sum())
+                                group=self.check_group, loss_sum=self.loss_sum(),
+                                tensor_parallel=self.tensor_parallel)
         if self.scaler is not None:
             check = self._unscale(check, self.scaler)
         self.last_check = check
@@ -223,7 +227,7 @@ class StageOptimizers:
             return
         if self.clip_grad_norm is not None:
             unique = {id(p): p for params in self.stage_params.values() for p in params}
-            if self.sharded:
+            if self.sharded or self.tensor_parallel > 1:
                 clip_local_gradients(list(unique.values()), self.clip_grad_norm, check.grad_norm)
                 return
             torch.nn.utils.clip_grads_with_norm_(
@@ -258,10 +262,16 @@ class StageOptimizers:
             self.optimizers[stage].zero_grad(set_to_none=True)
 
 
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient (a DTensor's local tensor)."""
+    return grad.to_local() if isinstance(grad, DTensor) else grad
+
+
 def _unflatten(flat: torch.Tensor, params: list[nn.Parameter]) -> None:
     offset = 0
     for p in params:
         assert p.grad is not None
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        grad = _local(p.grad)
+        n = grad.numel()
+        grad.copy_(flat[offset : offset + n].view_as(grad))
         offset += n

@@ -49,6 +49,7 @@ from pipetrain.api.pipeline_stages import (
 )
 from pipetrain.api.step_batches import StepBatches, StepSplitter
 from pipetrain.api.step_schedules import StepSchedules
+from pipetrain.api.tensor_parallel import TensorParallelPlan, parallelize_stages
 from pipetrain.api.ties import broadcast_initial_weights, tie_layers
 from pipetrain.frontend import CapturedModel
 from pipetrain.frontend.names import gather_state_dict
@@ -92,6 +93,8 @@ class Pipeline:
         mesh: the job's ``DeviceMesh`` of shape ``(num_stages, replicas, tensor_parallel)``
             named ``("pp", "dp", "tp")`` (default: the Pipeline builds it, see
             :mod:`pipetrain.api.mesh`); ``None`` with different replica counts per stage.
+        tensor_parallel_plan: with ``config.tensor_parallel > 1``, how each layer is split
+            over the ``tp`` ranks (see :mod:`pipetrain.api.tensor_parallel`).
 
     Example (in each of 2 processes started by ``torchrun --nproc-per-node 2``)::
 
@@ -120,6 +123,7 @@ class Pipeline:
         split_points: Sequence[str] | None = None,
         weights: str | os.PathLike[str] | None = None,
         mesh: DeviceMesh | None = None,
+        tensor_parallel_plan: TensorParallelPlan | None = None,
     ) -> None:
         config = PipelineConfig() if config is None else config
         capturing = wants_capture(layers, example_inputs, example_kwargs)  # any nn.Module
@@ -145,7 +149,10 @@ class Pipeline:
         self.loss_fn = loss_fn
         self.schedule_name = config.schedule_name
         refuse_ties(self.schedule_name, ties)
-        self.layout = Layout.create(config, num_layers=len(layers))
+        self.tp_index = self.rank % config.tensor_parallel
+        """This rank's tensor-parallel index (its layout's ranks are those of that index)."""
+        self._layout_rank = self.rank // config.tensor_parallel  # its rank in the schedules
+        self.layout = Layout.create(config, num_layers=len(layers), tp_index=self.tp_index)
         self.pipeline_rank, self.replica = self.layout.position(self.rank)
         self.num_replicas = self.layout.replica_counts[self.pipeline_rank]
         """Replicas of this rank's stages (this rank included)."""
@@ -170,6 +177,8 @@ class Pipeline:
                                replica=self.replica if fsdp else None)
         broadcast_initial_weights(self.model, ties_here, layout=self.layout,
                                   pipeline_rank=self.pipeline_rank, dp_group=self._replica_group)
+        parallelize_stages(self.layers, tensor_parallel_plan, mesh=self.mesh,
+                           tensor_parallel=config.tensor_parallel)
         self.sharded: ShardedStages | None = None
         """This rank's FSDP2 units (``data_parallel='fsdp'``, :mod:`pipetrain.api.fsdp`)."""
         if fsdp:
@@ -187,7 +196,8 @@ class Pipeline:
                                     device=self._scalar_device),
             streams=self._streams, device=self.device, loss_fn=loss_fn,
             # FSDP gathers its gradients through autograd: nothing to fuse (see .fsdp)
-            fuse_weight_gradients=config.fuse_weight_gradients and self.sharded is None,
+            fuse_weight_gradients=(config.fuse_weight_gradients and self.sharded is None
+                                   and config.tensor_parallel == 1),
             autocast=autocast_dtype(config.mixed_precision),
         )
         if self.sharded is not None:
@@ -206,6 +216,7 @@ class Pipeline:
             release=lambda stage: self.stages[stage].release_gradients(),
             scaler=LossScaler(config.loss_scaling) if config.mixed_precision == "fp16" else None,
             sharded=self.sharded is not None,
+            tensor_parallel=config.tensor_parallel,
         )
         self.optimizers.scalar_device = self._scalar_device
         self._monitor = start_monitor(context, rank=self.rank, dead_after=config.heartbeat_timeout,
@@ -298,7 +309,11 @@ class Pipeline:
 
     def _mean_loss(self, io: StepIO) -> float:
         with self.guard():
-            return mean_loss(io.losses.values(), device=self._scalar_device)
+            return mean_loss(self._own_losses(io), device=self._scalar_device)
+
+    def _own_losses(self, io: StepIO) -> Any:
+        """The losses this rank counts: every ``tp`` rank computes them, index 0 counts them."""
+        return io.losses.values() if self.tp_index == 0 else ()
 
     def train_step(self, inputs: Any, targets: Any) -> float:
         """One training step on a batch; returns its mean loss (the same on every rank).
@@ -343,15 +358,15 @@ class Pipeline:
             targets=batches.targets if self._holds_last else None,
             loss_scales=[s * loss_scale for s in batches.scales],
             checkpointed=self._schedules.checkpointed(self.config.checkpoint, self.schedule_name,
-                                                      n, rank=self.rank),
+                                                      n, rank=self._layout_rank),
         )
         self.optimizers.begin_step()
         self.optimizers.losses_finite = lambda: all(
             bool(torch.isfinite(loss)) for loss in io.losses.values()
         )
-        self.optimizers.loss_sum = lambda: loss_sum(io.losses.values(), self._scalar_device)
+        self.optimizers.loss_sum = lambda: loss_sum(self._own_losses(io), self._scalar_device)
         self._set_mode(training=True)
-        actions = self._schedules.actions(self.schedule_name, n, rank=self.rank)
+        actions = self._schedules.actions(self.schedule_name, n, rank=self._layout_rank)
         with (self.sharded.training(actions, even=n % self.num_replicas == 0)
               if self.sharded is not None else contextlib.nullcontext()):
             self._run(actions, io)
@@ -401,12 +416,14 @@ class Pipeline:
         self._set_mode(training=False)
         with torch.no_grad(), self.guard(), (
                 self.sharded.evaluation() if self.sharded is not None else contextlib.nullcontext()):
-            self._run(self._schedules.actions("forward", n, rank=self.rank), io)
+            self._run(self._schedules.actions("forward", n, rank=self._layout_rank), io)
         if targets is not None:
             return self._mean_loss(io)
         with self.guard():
-            return gather_outputs(io.outputs, num_microbatches=n, layout=self.layout,
-                                  holds_last=self._holds_last, broadcast=broadcast)
+            return gather_outputs(io.outputs, num_microbatches=n,  # tp index 0's
+                                  layout=dataclasses.replace(self.layout, tp_index=0),
+                                  holds_last=self._holds_last and self.tp_index == 0,
+                                  broadcast=broadcast)
 
     def save(self, path: str, *, extra: dict[str, Any] | None = None, keep: int = KEEP) -> None:
         """Save model, optimizer, step and ``extra`` with torch.distributed.checkpoint

@@ -8,6 +8,7 @@ replica) in which their gradients are summed, so that they stay identical.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +37,8 @@ def tie_layers(
 
     Every rank must call it with the same ``ties`` (it creates process groups). With
     ``replica`` (FSDP: each replica holds another shard of the weight) a tie's group is
-    the holders of that replica only, one group per replica.
+    the holders of that replica only, one group per replica; with tensor parallelism, of
+    the layout's tensor-parallel index only.
 
     Raises:
         ValueError: a tie names a layer the model does not have.
@@ -73,12 +75,15 @@ def tie_layers(
                 setattr(owner, attr, shared)
         if len(holders) == 1:
             continue  # all copies on one rank: one shared parameter, reduced as usual
-        if replica is None:
-            group = dist.new_group(sorted(g for r in holders for g in layout.groups[r]))
-        else:  # one group per replica index, created in the same order on every rank
-            groups = [dist.new_group(sorted(layout.groups[r][d] for r in holders))
-                      for d in range(layout.replica_counts[holders[0]])]
-            group = groups[replica]
+        group = None  # one group per tensor-parallel index (and replica), in the same order
+        for t in range(layout.tensor_parallel):  # on every rank
+            groups = dataclasses.replace(layout, tp_index=t).groups
+            for d in (range(layout.replica_counts[holders[0]]) if replica is not None else [None]):
+                ranks = sorted(g for r in holders for g in groups[r]) if d is None else sorted(
+                    groups[r][d] for r in holders)
+                made = dist.new_group(ranks)
+                if t == layout.tp_index and d == replica:
+                    group = made
         if shared is not None:
             first_stage = min(layout.stage_of_layer(i) for i, _ in local)
             tied.append(TiedParameter(shared, first_stage, group,

@@ -1,0 +1,105 @@
+"""Tensor parallelism on the mesh's ``tp`` dimension: a plan applied to each layer of a stage.
+
+With ``PipelineConfig(tensor_parallel=T)`` every (stage, replica) position of the pipeline
+is ``T`` processes, and the layers of their stages are split between them by
+:func:`torch.distributed.tensor.parallel.parallelize_module` over the position's ``tp``
+group. A plan is a function ``plan(layer_index, layer, tp_mesh)`` that parallelizes one
+layer in place (:data:`TensorParallelPlan`); :func:`styles_plan` makes one from
+``parallelize_module``'s own plan (submodule name -> ``ColwiseParallel()`` /
+``RowwiseParallel()`` ...), applied to every layer that has those submodules.
+
+A layer must take and return whole (replicated) activations: they cross stages between
+the ranks of the same tensor-parallel index, each a copy. Parameters a plan leaves alone
+(embeddings, norms) are copies on every ``tp`` rank with the same gradients; the global
+gradient norm counts them once (:mod:`pipetrain.api.grad_check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+__all__ = [
+    "TensorParallelPlan",
+    "apply_plan",
+    "parallelize_stages",
+    "styles_plan",
+    "tensor_parallel_copies",
+]
+
+TensorParallelPlan = Callable[[int, nn.Module, DeviceMesh], None]
+"""``plan(layer_index, layer, tp_mesh)``: parallelize one layer in place over ``tp_mesh``
+(every ``tp`` rank calls it alike for the same layer)."""
+
+
+def styles_plan(styles: Mapping[str, ParallelStyle]) -> TensorParallelPlan:
+    """A plan that gives every layer holding all the submodules ``styles`` names those
+    styles (``parallelize_module(layer, tp_mesh, dict(styles))``), and leaves the others.
+
+    Example::
+
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        plan = styles_plan({"mlp.fc": ColwiseParallel(), "mlp.proj": RowwiseParallel()})
+    """
+    names = dict(styles)
+
+    def plan(index: int, layer: nn.Module, mesh: DeviceMesh) -> None:
+        submodules = dict(layer.named_modules())
+        if all(name in submodules for name in names):
+            parallelize_module(layer, mesh, dict(names))
+
+    return plan
+
+
+def apply_plan(layers: Mapping[int, nn.Module], plan: TensorParallelPlan, *, mesh: DeviceMesh) -> None:
+    """Parallelize this rank's ``layers`` (by global index, in order) with ``plan`` over
+    ``mesh`` (the ``tp`` sub-mesh)."""
+    for index in sorted(layers):
+        plan(index, layers[index], mesh)
+
+
+def parallelize_stages(layers: Mapping[int, nn.Module], plan: TensorParallelPlan | None, *,
+                       mesh: DeviceMesh | None, tensor_parallel: int) -> None:
+    """Apply ``plan`` to this rank's ``layers`` over the ``tp`` dimension of the job's
+    ``mesh`` when ``tensor_parallel > 1`` (every rank calls it).
+
+    Raises:
+        ValueError: ``tensor_parallel > 1`` without a plan, or a plan with
+            ``tensor_parallel == 1`` (every rank alike).
+    """
+    if tensor_parallel == 1:
+        if plan is not None:
+            raise ValueError("a tensor_parallel_plan was given but the configuration has "
+                             "tensor_parallel=1; fix: PipelineConfig(tensor_parallel=2) (or "
+                             "more), or no plan")
+        return
+    if plan is None:
+        raise ValueError(f"tensor_parallel={tensor_parallel} needs a plan that splits the "
+                         "layers; fix: Pipeline(..., tensor_parallel_plan=styles_plan("
+                         "{'fc': ColwiseParallel(), 'proj': RowwiseParallel()})) naming your "
+                         "layers' linear submodules (see pipetrain.api.tensor_parallel)")
+    assert mesh is not None  # one replica count everywhere (config_problems)
+    apply_plan(layers, plan, mesh=mesh["tp"])
+
+
+def tensor_parallel_copies(tensor: Any, tensor_parallel: int) -> int:
+    """On how many ranks of a ``tp`` group the same values of ``tensor`` (a gradient) are:
+    1 for a DTensor sharded over ``tp``, ``tensor_parallel`` for a tensor every ``tp`` rank
+    holds alike (a parameter the plan left alone, also when FSDP shards it over ``dp``, or
+    a DTensor replicated over ``tp``).
+
+    Example:
+        >>> import torch
+        >>> tensor_parallel_copies(torch.zeros(2), 4)
+        4
+    """
+    from torch.distributed.tensor import DTensor
+
+    names = tensor.device_mesh.mesh_dim_names if isinstance(tensor, DTensor) else None
+    if names is None or "tp" not in names:  # a plain tensor, or sharded over dp only
+        return tensor_parallel
+    return 1 if tensor.placements[names.index("tp")].is_shard() else tensor_parallel

@@ -1,0 +1,102 @@
+"""Tensor parallelism on the mesh's tp dimension: (P, D, T) = (2, 1, 2), (2, 2, 2) replicated
+and (2, 2, 2) with FSDP give the losses and weights of one process, and a checkpoint saved
+at (2, 2, 2) resumes at (2, 1, 1) and (1, 1, 2) with one process's next losses.
+
+Two models: pipetrain's GPT with its plan (:mod:`pipetrain.models.gpt_tp`: tied embeddings
+across stages, a sequence length that changes every step, global clipping), and residual
+MLP blocks split by a user's plan of ``parallelize_module`` styles (up column-wise, down
+row-wise) between two linear layers the plan leaves whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import mesh_jobs
+from helpers.distributed import run_workers
+from helpers.pipeline_jobs import gpt_reference
+from helpers.tp_jobs import reference, tp_job
+from pipetrain.api.config import PipelineConfig
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 4
+TOLERANCE = 1e-5
+
+
+def _check(results: list[list[dict[str, Any]]], configs: list[dict[str, Any]]) -> None:
+    params, losses, evaluated = reference(STEPS)
+    failures = []
+    for c, config in enumerate(configs):
+        merged: dict[str, Any] = {}
+        for rank_results in results:
+            merged.update(rank_results[c]["params"])
+        assert set(merged) == set(params)
+        worst = max(float((merged[k] - params[k]).abs().max()) for k in params)
+        loss_error = max(abs(a - b) for a, b in zip(results[0][c]["losses"], losses))
+        if worst > TOLERANCE or loss_error > TOLERANCE:
+            failures.append(f"{config}: max |param diff| {worst:.2e}, max |loss diff| {loss_error:.2e}")
+        for rank_results in results:
+            got = rank_results[c]
+            assert got["losses"] == results[0][c]["losses"]
+            assert abs(got["eval"] - evaluated) < TOLERANCE
+            # the blocks' up and down weights and up's bias are split; norms, the rest whole
+            assert got["split"] and all(n.endswith(("up.weight", "up.bias", "down.weight"))
+                                        for n in got["split"])
+    assert not failures, "\n".join(failures)
+
+
+def test_a_users_plan_splits_blocks_as_one_process_computes() -> None:
+    configs = [dict(num_stages=2, tensor_parallel=2, num_microbatches=3, **c) for c in (
+        {"schedule": "1f1b"},
+        {"schedule": "gpipe", "checkpoint": "always"},
+    )]
+    _check(run_workers(tp_job, 4, configs, STEPS, timeout=300), configs)
+
+
+def _check_gpt(results: list[Any], configs: list[dict[str, Any]], steps: int) -> None:
+    params, losses = gpt_reference(steps)
+    for c, config in enumerate(configs):
+        merged: dict[str, Any] = {}
+        for rank_results in results:
+            merged.update(rank_results[c][0])
+        assert set(merged) == set(params)
+        worst = max(float((merged[k] - params[k]).abs().max()) for k in params)
+        loss_error = max(abs(a - b) for a, b in zip(results[0][c][1], losses))
+        assert worst < TOLERANCE and loss_error < TOLERANCE, (config, worst, loss_error)
+
+
+def test_the_gpt_plan_at_2_1_2_trains_as_one_process() -> None:
+    configs = [dict(num_stages=2, tensor_parallel=2, num_microbatches=2, **c) for c in (
+        {"schedule": "1f1b"},
+        {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "checkpoint": "except_last"},
+    )]
+    _check_gpt(run_workers(mesh_jobs.fsdp_job, 4, configs, 5, timeout=300), configs, 5)
+
+
+def test_the_gpt_at_2_2_2_replicated_and_fsdp_and_its_checkpoint_reshards(tmp_path: Path) -> None:
+    path = str(tmp_path / "checkpoint")
+    configs = [dict(num_stages=2, replicas=2, tensor_parallel=2, num_microbatches=1, **c) for c in (
+        {"data_parallel": "replicate"},
+        {"data_parallel": "fsdp", "schedule": "gpipe"},
+    )]
+    _check_gpt(run_workers(mesh_jobs.fsdp_job, 8, configs, 5, path, timeout=400), configs, 5)
+    expected = gpt_reference(7)[1][5:]  # the two steps after the checkpoint
+    for config in ({"num_stages": 2, "num_microbatches": 2},
+                   {"num_stages": 1, "tensor_parallel": 2, "num_microbatches": 2}):
+        for losses, step in run_workers(mesh_jobs.resume_job, 2, config, path, 2, timeout=300):
+            assert step == 5
+            assert max(abs(a - b) for a, b in zip(losses, expected)) < TOLERANCE, config
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"schedule": "zb-h1"}, "schedule 'zb-h1' is not available yet"),
+    ({"mixed_precision": "bf16"}, "mixed_precision='bf16' is not available yet"),
+    ({"stage_replicas": (2, 1)}, "needs the same number of replicas"),
+])
+def test_tensor_parallel_refuses_what_it_cannot_run(values: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        PipelineConfig(num_stages=2, tensor_parallel=2, **values)
