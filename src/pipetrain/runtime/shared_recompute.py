@@ -1,22 +1,21 @@
 """Shared re-materialization: idle stage workers rebuild other stages' checkpointed graphs.
 
-When the stages of a single-process pipeline share the CPU, the backward phase of a
-fill-drain step leaves workers idle: the first stage waits for gradients while the last
-one runs its chain of backwards, each preceded by the recomputation of a checkpointed
-micro-batch. A recomputation is a pure function of what the stage kept (its input and its
-random stream), so any thread can run it. :class:`RecomputeSharing` lets a worker that
-would otherwise wait (for a message, or for the other workers to finish) rebuild the
-graph that some stage will need next, taking the recomputation off that stage's path.
+When the stages of a single-process pipeline share the CPU, the backward phase leaves
+the stage workers idle: the caller's thread runs the stages' backwards one after another,
+each preceded by the recomputation of a checkpointed micro-batch. A recomputation is a
+pure function of what the stage kept (its input and its random stream), so any thread can
+run it. :class:`RecomputeSharing` lets a worker that would otherwise wait rebuild the
+graph that some stage will need next, taking the recomputation off the backward's path.
 
 Memory stays bounded: a helper rebuilds a graph for a stage only while that stage holds
 fewer than ``limit`` micro-batches' graphs (kept from forward, rebuilt, or in backward;
 :meth:`~pipetrain.runtime.stage.StageCompute.graphs_held`). The owner itself never waits
-for room. The default limit, 2, is one micro-batch more than a stage that recomputes right
-before each backward holds (torchgpipe's peak).
+for room. Every graph rebuilt ahead is memory that recomputing right before each backward
+(torchgpipe's way, and pipetrain's default) does not hold, hence opt-in.
 
 A CPU tuning: :class:`~pipetrain.runtime.cpu_tuning.CpuTuning` sets it up for the CPU
-partitions of a ``GPipe`` (``GPipe(recompute_ahead=...)`` sets ``limit - 1``); a pipeline
-on GPUs never uses it.
+partitions of a ``GPipe`` that asks for ``recompute_ahead >= 1`` (it sets ``limit - 1``);
+a pipeline on GPUs never uses it.
 
 Locking: every bookkeeping step runs under ``cond``, the condition of the transport's
 mailbox, so a worker waiting there for a message is also woken when work to help with
