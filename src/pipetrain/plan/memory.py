@@ -164,7 +164,7 @@ def graph_leaves(outputs: Iterable[Tensor], *, inputs: Iterable[Tensor] = ()) ->
         >>> [tuple(t.shape) for t in graph_leaves([w * torch.rand(2, requires_grad=True)])]
         [(2,), (2,)]
     """
-    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    stack: list[Any] = [t.grad_fn for t in outputs if t.grad_fn is not None]
     seen: set[Any] = {t.grad_fn for t in inputs if t.grad_fn is not None}
     leaves: list[Tensor] = []
     while stack:
