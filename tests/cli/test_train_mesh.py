@@ -1,5 +1,6 @@
-"""``pipetrain train --fsdp``: the replicas shard each stage (FSDP2), the loss is the one of
-one process, config.json records the mesh, and what FSDP cannot run is refused up front."""
+"""``pipetrain train --fsdp --tensor-parallel T``: the replicas shard each stage (FSDP2), the
+GPT's blocks split over T workers, the loss is the one of one process, config.json records
+the mesh, and what cannot run is refused before any worker starts."""
 
 from __future__ import annotations
 
@@ -29,20 +30,25 @@ def _losses(out: Path) -> list[float]:
     return [step["loss"] for step in metrics["steps"]]
 
 
-def test_fsdp_trains_as_one_process_and_records_its_mesh(tmp_path: Path) -> None:
+def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: Path) -> None:
+    """--stages 2 --replicas 2 --fsdp --tensor-parallel 2: 8 workers, the GPT's blocks split
+    over 2, its stages sharded over 2 replicas; the losses of one process."""
     runs = {}
     for name, layout in (("one", ["--stages", "1"]),
-                         ("fsdp", ["--stages", "2", "--replicas", "2", "--fsdp"])):
-        done = _train(*GPT, "--steps", "5", "--eval-every", "0", *layout, out=tmp_path / name)
+                         ("3d", ["--stages", "2", "--replicas", "2", "--fsdp",
+                                 "--tensor-parallel", "2"])):
+        done = _train(*GPT, "--steps", "5", "--eval-every", "0", *layout, out=tmp_path / name,
+                      timeout=400)
         assert done.returncode == 0, (layout, done.stderr[-3000:])
         runs[name] = _losses(tmp_path / name)
-    assert "2 stages x 2 replicas (FSDP)" in done.stderr + done.stdout
-    for step, (a, b) in enumerate(zip(runs["one"], runs["fsdp"])):
-        assert abs(a - b) <= 1e-4 * abs(a), f"step {step + 1}: {b} with --fsdp vs {a} with --stages 1"
-    config = json.loads((tmp_path / "fsdp" / "config.json").read_text())
-    assert config["mesh"] == {"pp": 2, "dp": 2, "tp": 1, "world_size": 4,
+    assert "2 stages x 2 replicas (FSDP) x 2 tensor-parallel" in done.stderr + done.stdout
+    assert "8 workers joined" in done.stderr + done.stdout
+    for step, (a, b) in enumerate(zip(runs["one"], runs["3d"])):
+        assert abs(a - b) <= 1e-4 * abs(a), f"step {step + 1}: {b} with 2 x 2 x 2 vs {a} with --stages 1"
+    config = json.loads((tmp_path / "3d" / "config.json").read_text())
+    assert config["mesh"] == {"pp": 2, "dp": 2, "tp": 2, "world_size": 8,
                               "data_parallel": "fsdp", "reshard_after_forward": False}
-    assert config["args"]["fsdp"] is True
+    assert config["args"]["fsdp"] is True and config["args"]["tensor_parallel"] == 2
 
 
 def test_what_fsdp_cannot_run_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
@@ -53,6 +59,15 @@ def test_what_fsdp_cannot_run_is_refused_before_any_worker_starts(tmp_path: Path
     assert "fix: --schedule 1f1b" in done.stderr
     assert "--fsdp with --precision bf16 is not available yet" in done.stderr
     assert "starting" not in done.stderr
+    done = _train("--layers", "2", "--width", "30", "--heads", "3", "--dropout", "0.1",
+                  "--tensor-parallel", "2", out=tmp_path / "bad", timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--heads 3 / --width 30 do not divide by 2" in done.stderr
+    assert "--dropout 0.1 with --tensor-parallel 2" in done.stderr
+    done = _train("--model", "my_model.py:build", "--tensor-parallel", "2", out=tmp_path / "bad",
+                  timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--tensor-parallel 2 splits pipetrain's GPT only" in done.stderr
 
 
 USER_MODEL = '''

@@ -164,6 +164,8 @@ class RunConfig:
             layout = f"{self.stages} stage{'s' * (self.stages != 1)} x {self.replicas} replica{'s' * (self.replicas != 1)}"
         if self.fsdp:
             layout += " (FSDP)"
+        if self.tensor_parallel > 1:
+            layout += f" x {self.tensor_parallel} tensor-parallel"
         if self.stages_per_rank > 1:
             layout += f", {self.stages_per_rank} per rank"
         return (f"{self.schedule}, {layout}, {self.microbatches} "

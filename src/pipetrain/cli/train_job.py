@@ -52,6 +52,7 @@ from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, repo
 from pipetrain.counts import count_of
 from pipetrain.data import TextDataset
 from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
+from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.trace import ProgressBar, measure_step
@@ -124,6 +125,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
                 opt, lr_factor(args.warmup, args.steps)),
             config=run_config(args),
             context=context,
+            tensor_parallel_plan=gpt_tensor_parallel_plan if args.tensor_parallel > 1 else None,
         )
         phase(f"pipeline ready ({args.describe()})")
         try:

@@ -177,11 +177,41 @@ def num_workers(args: RunConfig) -> int:
     return args.num_workers
 
 
+def _tensor_parallel_problems(args: RunConfig) -> list[str]:
+    """What ``--tensor-parallel T > 1`` needs: pipetrain's GPT (the one model with a plan,
+    :mod:`pipetrain.models.gpt_tp`), its heads and width divisible by T, no dropout, no
+    ``--plan``."""
+    tp = args.tensor_parallel
+    if tp == 1:
+        return []
+    if args.model != "gpt":
+        return [f"--tensor-parallel {tp} splits pipetrain's GPT only (its plan: "
+                f"pipetrain.models.gpt_tp); --model {args.model!r} has none; fix: "
+                "--tensor-parallel 1, or the Python API with your plan "
+                "(Pipeline(..., tensor_parallel_plan=...), docs/mesh.md)"]
+    problems = []
+    if args.heads % tp or args.width % tp:
+        problems.append(f"--tensor-parallel {tp} splits the GPT's heads and width, and --heads "
+                        f"{args.heads} / --width {args.width} do not divide by {tp}; fix: "
+                        "--tensor-parallel 2 with an even --heads and --width")
+    if args.dropout > 0:
+        problems.append(f"--dropout {args.dropout} with --tensor-parallel {tp}: a rank's heads "
+                        "would draw other attention dropout masks than one process; fix: "
+                        "--dropout 0 or --tensor-parallel 1")
+    if args.plan is not None:
+        problems.append(f"--plan with --tensor-parallel {tp}: a plan places stages and replicas "
+                        "only; fix: --stages and --replicas instead of --plan, or "
+                        "--tensor-parallel 1")
+    return problems
+
+
 def layout_problems(args: RunConfig) -> list[str]:
     """Every problem with ``--balance`` / ``--plan`` (flags named)."""
     from pipetrain.api.plan_config import config_from_plan
 
-    problems: list[str] = []
+    problems: list[str] = _tensor_parallel_problems(args)
+    if problems:
+        return problems
     if args.model != "gpt":
         from pipetrain.cli.hf_models import HF_MODELS, hf_layout_problems
         from pipetrain.cli.user_models import is_user_model, user_model_problems

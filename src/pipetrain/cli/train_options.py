@@ -165,7 +165,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--fsdp: free the gathered parameters after each forward and "
                              "gather them again for its backward (less memory, more traffic)")
     add(layout, "--tensor-parallel", type=_positive_int, default=1,
-        help="tensor-parallel ranks T of each stage (default 1; only 1 is available)")
+        help="tensor-parallel ranks T of each stage and replica (default 1): pipetrain's "
+             "GPT's heads and MLP split over T workers (docs/mesh.md); --stages x --replicas "
+             "x T workers in all")
     add(layout, "--virtual", type=_positive_int, default=None,
         help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
              "dualpipe-v place exactly 2")
