@@ -100,3 +100,14 @@ def test_the_gpt_at_2_2_2_replicated_and_fsdp_and_its_checkpoint_reshards(tmp_pa
 def test_tensor_parallel_refuses_what_it_cannot_run(values: dict[str, Any], expected: str) -> None:
     with pytest.raises(ValueError, match=expected):
         PipelineConfig(num_stages=2, tensor_parallel=2, **values)
+
+
+def test_a_plan_is_needed_and_applies_to_layers_not_captured_units() -> None:
+    from pipetrain.api.tensor_parallel import parallelize_stages, styles_plan
+
+    with pytest.raises(ValueError, match="tensor_parallel=2 needs a plan"):
+        parallelize_stages({}, None, mesh=None, tensor_parallel=2)
+    with pytest.raises(ValueError, match="with a captured model"):
+        parallelize_stages({}, styles_plan({}), mesh=None, tensor_parallel=2, captured=True)
+    with pytest.raises(ValueError, match="has tensor_parallel=1"):
+        parallelize_stages({}, styles_plan({}), mesh=None, tensor_parallel=1)

@@ -177,15 +177,15 @@ class Pipeline:
                                replica=self.replica if fsdp else None)
         broadcast_initial_weights(self.model, ties_here, layout=self.layout,
                                   pipeline_rank=self.pipeline_rank, dp_group=self._replica_group)
-        parallelize_stages(self.layers, tensor_parallel_plan, mesh=self.mesh,
-                           tensor_parallel=config.tensor_parallel)
+        parallelize_stages(self.layers, tensor_parallel_plan, mesh=self.mesh, ties=ties,
+                           tensor_parallel=config.tensor_parallel, captured=capturing)
         self.sharded: ShardedStages | None = None
         """This rank's FSDP2 units (``data_parallel='fsdp'``, :mod:`pipetrain.api.fsdp`)."""
         if fsdp:
             self.sharded, ties_here = shard_stages(self.layers, ties_here, ties=ties, mesh=self.mesh,
                                                    config=config, layout=self.layout)
-            if self.captured is not None:  # its container held the parameters FSDP replaced
-                self.model = self.captured.container(self.layers)
+        if self.captured is not None and fsdp:
+            self.model = self.captured.container(self.layers)  # it held the replaced parameters
 
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)

@@ -16,11 +16,13 @@ gradient norm counts them once (:mod:`pipetrain.api.grad_check`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import fnmatch
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 __all__ = [
@@ -39,6 +41,8 @@ TensorParallelPlan = Callable[[int, nn.Module, DeviceMesh], None]
 def styles_plan(styles: Mapping[str, ParallelStyle]) -> TensorParallelPlan:
     """A plan that gives every layer holding all the submodules ``styles`` names those
     styles (``parallelize_module(layer, tp_mesh, dict(styles))``), and leaves the others.
+    A name may hold ``*`` wildcards, as ``parallelize_module``'s plans do
+    (``"blocks.*.mlp.fc"``: the units of a captured model keep the model's names).
 
     Example::
 
@@ -48,8 +52,8 @@ def styles_plan(styles: Mapping[str, ParallelStyle]) -> TensorParallelPlan:
     names = dict(styles)
 
     def plan(index: int, layer: nn.Module, mesh: DeviceMesh) -> None:
-        submodules = dict(layer.named_modules())
-        if all(name in submodules for name in names):
+        submodules = [name for name, _ in layer.named_modules()]
+        if all(any(fnmatch.fnmatchcase(m, name) for m in submodules) for name in names):
             parallelize_module(layer, mesh, dict(names))
 
     return plan
@@ -63,13 +67,15 @@ def apply_plan(layers: Mapping[int, nn.Module], plan: TensorParallelPlan, *, mes
 
 
 def parallelize_stages(layers: Mapping[int, nn.Module], plan: TensorParallelPlan | None, *,
-                       mesh: DeviceMesh | None, tensor_parallel: int) -> None:
+                       mesh: DeviceMesh | None, tensor_parallel: int,
+                       ties: Iterable[Sequence[tuple[int, str]]] = (), captured: bool = False) -> None:
     """Apply ``plan`` to this rank's ``layers`` over the ``tp`` dimension of the job's
     ``mesh`` when ``tensor_parallel > 1`` (every rank calls it).
 
     Raises:
-        ValueError: ``tensor_parallel > 1`` without a plan, or a plan with
-            ``tensor_parallel == 1`` (every rank alike).
+        ValueError: ``tensor_parallel > 1`` without a plan or with a ``captured`` model, or
+            a plan with ``tensor_parallel == 1`` (every rank alike); a plan that split a
+            weight of ``ties`` (tied copies are summed whole across stages).
     """
     if tensor_parallel == 1:
         if plan is not None:
@@ -77,6 +83,12 @@ def parallelize_stages(layers: Mapping[int, nn.Module], plan: TensorParallelPlan
                              "tensor_parallel=1; fix: PipelineConfig(tensor_parallel=2) (or "
                              "more), or no plan")
         return
+    if captured:
+        raise ValueError(f"tensor_parallel={tensor_parallel} with a captured model: its units "
+                         "run the model's graph, and parallelize_module splits nn.Linear and "
+                         "nn.Embedding modules, which the units do not call; fix: the model as "
+                         "layer factories or an nn.Sequential of its layers, or "
+                         "tensor_parallel=1")
     if plan is None:
         raise ValueError(f"tensor_parallel={tensor_parallel} needs a plan that splits the "
                          "layers; fix: Pipeline(..., tensor_parallel_plan=styles_plan("
@@ -84,6 +96,12 @@ def parallelize_stages(layers: Mapping[int, nn.Module], plan: TensorParallelPlan
                          "layers' linear submodules (see pipetrain.api.tensor_parallel)")
     assert mesh is not None  # one replica count everywhere (config_problems)
     apply_plan(layers, plan, mesh=mesh["tp"])
+    for tie in ties:
+        for i, name in tie:
+            if i in layers and isinstance(layers[i].get_parameter(name), DTensor):
+                raise ValueError(f"the tensor_parallel_plan split layer {i}'s {name!r}, a weight "
+                                 f"tied across layers ({tuple(tie)}); fix: a plan that leaves "
+                                 "tied weights whole (as the GPT's leaves its embedding and head)")
 
 
 def tensor_parallel_copies(tensor: Any, tensor_parallel: int) -> int:
@@ -97,8 +115,6 @@ def tensor_parallel_copies(tensor: Any, tensor_parallel: int) -> int:
         >>> tensor_parallel_copies(torch.zeros(2), 4)
         4
     """
-    from torch.distributed.tensor import DTensor
-
     names = tensor.device_mesh.mesh_dim_names if isinstance(tensor, DTensor) else None
     if names is None or "tp" not in names:  # a plain tensor, or sharded over dp only
         return tensor_parallel
