@@ -122,5 +122,5 @@ def read_config_file(path: str) -> tuple[argparse.Namespace | None, list[str]]:
         return None, [f"{path}: {text}"]
 
 
-_FLAGS = frozenset({"vertical_sync", "fsdp", "reshard_after_forward"})
+_FLAGS = frozenset({"vertical_sync", "fsdp", "fsdp_reshard"})
 """Options that are on/off switches (``true`` / ``false`` in the file)."""

@@ -54,7 +54,7 @@ FLAGS = {
     "vertical_sync": "--vertical-sync",
     "data_parallel": "--fsdp",
     "tensor_parallel": "--tensor-parallel",
-    "reshard_after_forward": "--reshard-after-forward",
+    "reshard_after_forward": "--fsdp-reshard",
 }
 """The command-line flag of each configuration field (PipelineConfig, GPTConfig)."""
 
@@ -161,7 +161,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the --replicas shard each stage's parameters, gradients and "
                              "optimizer state (FSDP2) instead of holding whole copies "
                              "(docs/mesh.md)")
-    layout.add_argument("--reshard-after-forward", action=_GivenFlag, default=False,
+    layout.add_argument("--fsdp-reshard", action=_GivenFlag, default=False,
                         help="--fsdp: free the gathered parameters after each forward and "
                              "gather them again for its backward (less memory, more traffic)")
     add(layout, "--tensor-parallel", type=_positive_int, default=1,
@@ -276,7 +276,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "mixed_precision": None if args.precision == "fp32" else args.precision,
         "data_parallel": "fsdp" if args.fsdp else "replicate",
         "tensor_parallel": args.tensor_parallel,
-        "reshard_after_forward": bool(args.reshard_after_forward),
+        "reshard_after_forward": bool(args.fsdp_reshard),
         **failure_bounds(args.timeout),
     }
 
