@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -45,22 +45,11 @@ from pipetrain.schedule import Action, Op
 
 __all__ = [
     "ShardedStages",
-    "local_tensor",
     "refuse_local_ties",
     "shard_stages",
     "shared_units",
     "whole_tensors",
 ]
-
-
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``tensor`` (a DTensor's local shard; any other tensor itself).
-
-    Example:
-        >>> local_tensor(torch.ones(2)).tolist()
-        [1.0, 1.0]
-    """
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def whole_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -259,9 +248,6 @@ class ShardedStages:
         finally:
             self.release()
 
-    def stages_holding(self) -> Collection[int]:
-        """The local stages with at least one sharded unit."""
-        return [j for j, units in self.stage_units.items() if units]
 
 
 def shard_stages(layers: Mapping[int, nn.Module], tied: Sequence[TiedParameter], *,
@@ -273,6 +259,11 @@ def shard_stages(layers: Mapping[int, nn.Module], tied: Sequence[TiedParameter],
 
     Raises:
         ValueError: a tie of ``ties`` has copies on one rank (:func:`refuse_local_ties`).
+
+    Example (in each process of a job with ``data_parallel="fsdp"``)::
+
+        sharded, tied = shard_stages(layers, tied, ties=ties, mesh=mesh, config=config,
+                                     layout=layout)
     """
     refuse_local_ties(ties, stage_to_rank=layout.stage_to_rank, layer_ranges=layout.layer_ranges)
     assert mesh is not None  # one replica count everywhere (config_problems)

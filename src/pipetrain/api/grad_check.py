@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from pipetrain.api.tensor_parallel import tensor_parallel_copies
+from pipetrain.api.tensor_parallel import local_tensor, tensor_parallel_copies
 
 __all__ = [
     "NONFINITE_POLICIES",
@@ -100,7 +99,7 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
     full = [p.grad for p in params if p.grad is not None]
     if not full:
         return torch.zeros((), dtype=torch.float64, device=device)
-    grads = [_local(g) for g in full]
+    grads = [local_tensor(g) for g in full]
     norms = torch.stack([
         torch.linalg.vector_norm(g, dtype=torch.promote_types(g.dtype, torch.float32))
         .to(torch.float64) for g in grads])
@@ -109,12 +108,6 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
         squares = squares / torch.tensor([tensor_parallel_copies(g, tensor_parallel) for g in full],
                                          dtype=torch.float64)
     return squares.sum().to(device)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor gradient (FSDP: each shard counted once); any other
-    gradient itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def clip_local_gradients(params: Iterable[nn.Parameter], max_norm: float, total_norm: float) -> None:
@@ -128,7 +121,7 @@ def clip_local_gradients(params: Iterable[nn.Parameter], max_norm: float, total_
         [0.6, 0.8]
     """
     coef = torch.clamp(max_norm / (torch.tensor(total_norm) + 1e-6), max=1.0)
-    grads = [_local(p.grad) for p in params if p.grad is not None]
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
     for grad in grads:
         grad.mul_(coef.to(dtype=grad.dtype, device=grad.device))
 

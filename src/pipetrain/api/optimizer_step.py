@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from pipetrain.api.grad_check import GradCheck, check_gradients, clip_local_gradients
+from pipetrain.api.tensor_parallel import local_tensor
 from pipetrain.runtime.precision import LossScaler
 
 __all__ = ["OptimizerFactory", "SchedulerFactory", "StageOptimizers", "TiedParameter"]
@@ -168,14 +168,14 @@ class StageOptimizers:
                 continue
             if tie.param.grad is None:
                 tie.param.grad = torch.zeros_like(tie.param)
-            pending.works.append(dist.all_reduce(_local(tie.param.grad), group=tie.group,
+            pending.works.append(dist.all_reduce(local_tensor(tie.param.grad), group=tie.group,
                                                  async_op=True))
         self._pending[stage] = pending
 
     def _flat_gradients(self, stage: int, params: list[nn.Parameter]) -> torch.Tensor:
         """The stage's gradients in one tensor, for one all-reduce. The buffer is kept
         from step to step (a fresh one of tens of MB costs its page faults every step)."""
-        grads = [_local(p.grad).reshape(-1) for p in params]  # type: ignore[arg-type]
+        grads = [local_tensor(p.grad).reshape(-1) for p in params]  # type: ignore[arg-type]
         total = sum(g.numel() for g in grads)
         buffer = self._flats.get(stage)
         if len({(g.dtype, g.device) for g in grads}) != 1 or stage in self._pending:
@@ -262,16 +262,11 @@ class StageOptimizers:
             self.optimizers[stage].zero_grad(set_to_none=True)
 
 
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a gradient (a DTensor's local tensor)."""
-    return grad.to_local() if isinstance(grad, DTensor) else grad
-
-
 def _unflatten(flat: torch.Tensor, params: list[nn.Parameter]) -> None:
     offset = 0
     for p in params:
         assert p.grad is not None
-        grad = _local(p.grad)
+        grad = local_tensor(p.grad)
         n = grad.numel()
         grad.copy_(flat[offset : offset + n].view_as(grad))
         offset += n

@@ -194,7 +194,14 @@ def job_mesh(config: PipelineConfig, layout: Layout, *, pipeline_rank: int, devi
              mesh: DeviceMesh | None) -> tuple[DeviceMesh | None, Any]:
     """The job's mesh (the user's, checked, or one built; ``None`` when the stages have
     different replica counts) and this rank's replica group (the mesh's ``dp`` group).
-    Every rank calls it: it creates process groups."""
+    Every rank calls it: it creates process groups.
+
+    Example (in each of 4 processes)::
+
+        mesh, dp_group = job_mesh(config, layout, pipeline_rank=0, device=torch.device("cpu"),
+                                  mesh=None)
+        mesh.mesh_dim_names   # ('pp', 'dp', 'tp')
+    """
     if mesh is not None:
         check_mesh(mesh, config)
     elif layout.uniform:

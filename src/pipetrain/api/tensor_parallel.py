@@ -20,6 +20,7 @@ import fnmatch
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -28,6 +29,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 __all__ = [
     "TensorParallelPlan",
     "apply_plan",
+    "local_tensor",
     "parallelize_stages",
     "styles_plan",
     "tensor_parallel_copies",
@@ -36,6 +38,17 @@ __all__ = [
 TensorParallelPlan = Callable[[int, nn.Module, DeviceMesh], None]
 """``plan(layer_index, layer, tp_mesh)``: parallelize one layer in place over ``tp_mesh``
 (every ``tp`` rank calls it alike for the same layer)."""
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor`` (a DTensor's local tensor: its shard, or its copy);
+    any other tensor itself.
+
+    Example:
+        >>> local_tensor(torch.ones(2)).tolist()
+        [1.0, 1.0]
+    """
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def styles_plan(styles: Mapping[str, ParallelStyle]) -> TensorParallelPlan:
@@ -61,7 +74,12 @@ def styles_plan(styles: Mapping[str, ParallelStyle]) -> TensorParallelPlan:
 
 def apply_plan(layers: Mapping[int, nn.Module], plan: TensorParallelPlan, *, mesh: DeviceMesh) -> None:
     """Parallelize this rank's ``layers`` (by global index, in order) with ``plan`` over
-    ``mesh`` (the ``tp`` sub-mesh)."""
+    ``mesh`` (the ``tp`` sub-mesh).
+
+    Example (in each process of a tensor-parallel job)::
+
+        apply_plan({3: block, 4: head}, gpt_tensor_parallel_plan, mesh=mesh["tp"])
+    """
     for index in sorted(layers):
         plan(index, layers[index], mesh)
 
@@ -76,6 +94,10 @@ def parallelize_stages(layers: Mapping[int, nn.Module], plan: TensorParallelPlan
         ValueError: ``tensor_parallel > 1`` without a plan or with a ``captured`` model, or
             a plan with ``tensor_parallel == 1`` (every rank alike); a plan that split a
             weight of ``ties`` (tied copies are summed whole across stages).
+
+    Example (in each process of a job with ``tensor_parallel=2``)::
+
+        parallelize_stages(layers, gpt_tensor_parallel_plan, mesh=mesh, tensor_parallel=2)
     """
     if tensor_parallel == 1:
         if plan is not None:
