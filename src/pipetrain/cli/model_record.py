@@ -50,8 +50,11 @@ def model_record(config: RunConfig, gpt: GPTConfig, model: Any) -> dict[str, Any
         with torch.device("meta"):
             parameters = count_parameters(build_gpt(gpt, seed=config.seed))
         return {"kind": kind, **dataclasses.asdict(gpt), "parameters": parameters}
-    return {"kind": kind, "source": config.model, "class": type(model).__qualname__,
-            "context": config.context, "parameters": count_parameters(model)}
+    block = {"kind": kind, "source": config.model, "class": type(model).__qualname__,
+             "context": config.context, "parameters": count_parameters(model)}
+    if config.model in HF_MODELS:  # sized by the options
+        block |= {"layers": config.layers, "width": config.width, "heads": config.heads}
+    return block
 
 
 def layout_record(pipe: Any) -> dict[str, Any]:

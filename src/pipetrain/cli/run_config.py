@@ -31,7 +31,7 @@ SOURCES = ("default", "resumed run", "config file", "command line", "schedule fi
 """Where a value may come from, in the order they are applied."""
 _GIVEN = ("config file", "command line")
 GPT_OPTIONS = ("layers", "width", "heads", "dropout")
-"""The options that shape pipetrain's own GPT (a user's or Hugging Face model has its own)."""
+"""The options that shape the models pipetrain builds (a model file or folder has its own)."""
 """The sources by which the user gave a value for this invocation."""
 
 
@@ -173,9 +173,12 @@ class RunConfig:
 
     # -- records --------------------------------------------------------------------------
     def recorded_names(self) -> tuple[str, ...]:
-        """The options that apply to this run: pipetrain's GPT's shape (``layers``,
-        ``width``, ``heads``, ``dropout``) only when it trains that GPT."""
-        if self.model == "gpt":
+        """The options that apply to this run: the model's shape (``layers``, ``width``,
+        ``heads``, ``dropout``) only for the models pipetrain sizes by them (its GPT,
+        ``hf-gpt2``, ``hf-llama``), not for a model file or folder, which has its own."""
+        from pipetrain.cli.user_models import is_user_model
+
+        if not is_user_model(self.model):
             return self.option_names()
         return tuple(n for n in self.option_names() if n not in GPT_OPTIONS)
 
