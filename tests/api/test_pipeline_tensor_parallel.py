@@ -111,3 +111,10 @@ def test_a_plan_is_needed_and_applies_to_layers_not_captured_units() -> None:
         parallelize_stages({}, styles_plan({}), mesh=None, tensor_parallel=2, captured=True)
     with pytest.raises(ValueError, match="has tensor_parallel=1"):
         parallelize_stages({}, styles_plan({}), mesh=None, tensor_parallel=1)
+
+
+def test_every_rank_creates_the_link_groups_of_every_tensor_parallel_index() -> None:
+    """The GPU transport's groups (one per link direction) are created by every rank for
+    every tp index's placement in one order: rank g's links are to g +- 2 only."""
+    results = run_workers(mesh_jobs.link_groups_job, 4, timeout=120)
+    assert results == [[(0, 2), (2, 0)], [(1, 3), (3, 1)], [(0, 2), (2, 0)], [(1, 3), (3, 1)]]

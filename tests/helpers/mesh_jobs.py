@@ -140,3 +140,16 @@ def resume_job(ctx: Any, config: dict[str, Any], path: str, steps: int) -> tuple
     losses = [pipe.train_step(x, y) for x, y in gpt_batches(steps, first=first)]
     pipe.close()
     return losses, step
+
+
+def link_groups_job(ctx: Any) -> list[tuple[int, int]]:
+    """The links (src, dst) this rank gets groups for at (P, D, T) = (2, 1, 2)."""
+    import torch.distributed as dist
+
+    from pipetrain.api.layout import Layout
+    from pipetrain.api.pipeline_setup import layout_link_groups
+
+    rank = dist.get_rank()
+    config = PipelineConfig(num_stages=2, tensor_parallel=2)
+    layout = Layout.create(config, num_layers=2, tp_index=rank % 2)
+    return sorted(layout_link_groups(layout, rank=rank))

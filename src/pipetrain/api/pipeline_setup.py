@@ -8,6 +8,7 @@ agree on names).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import Collection, Sequence
@@ -37,6 +38,7 @@ __all__ = [
     "build_transport",
     "check_world",
     "job_mesh",
+    "layout_link_groups",
     "model_tensors",
     "refuse_batch_disagreement",
     "refuse_setup_disagreement",
@@ -258,6 +260,22 @@ def check_world(config: PipelineConfig) -> None:
         )
 
 
+def layout_link_groups(layout: Layout, *, rank: int) -> dict[tuple[int, int], Any]:
+    """This rank's groups of :func:`~pipetrain.runtime.links.link_groups` (GPUs: one
+    group per direction of each link): every rank creates those of every tensor-parallel
+    index's placement, in the same order (a collective).
+
+    Example (in each process of a job)::
+
+        layout_link_groups(layout, rank=dist.get_rank())   # {(src, dst): group, ...}
+    """
+    mine: dict[tuple[int, int], Any] = {}
+    for t in range(layout.tensor_parallel):
+        placement = dataclasses.replace(layout, tp_index=t).placement()
+        mine |= link_groups(placement, rank=rank)
+    return mine
+
+
 def build_transport(layout: Layout, *, rank: int, device: torch.device, timeout: float,
                     monitor: PeerMonitor | None, own_group: bool) -> DistTransport:
     """This rank's point-to-point transport (every rank calls it: it creates groups).
@@ -279,7 +297,7 @@ def build_transport(layout: Layout, *, rank: int, device: torch.device, timeout:
         outbound=outbound,
         timeout=timeout,
         group=header_group,
-        data_groups=link_groups(placement, rank=rank) if on_device else {},
+        data_groups=layout_link_groups(layout, rank=rank) if on_device else {},
         device=device,
         check=monitor.check if monitor is not None else None,
         explain=monitor.explain if monitor is not None else None,
