@@ -234,20 +234,25 @@ def test_data_that_is_empty_or_not_text_is_refused(tmp_path: Path) -> None:
 
 def test_a_mistake_found_inside_a_worker_is_the_last_line_without_a_traceback(tmp_path: Path) -> None:
     """Bug: mistakes found in a worker ended in 2-12 tracebacks and torch.elastic's
-    'To enable traceback see ...' URL as the last line. This file is text for its first
-    64 KiB, which the launcher checks, and binary after, which only a worker reads."""
-    data = tmp_path / "late-binary.txt"
-    data.write_bytes(b"x = 1\n" * 20_000 + b"\x00\x01\x02" * 10)
-    quiet = _train("--data", str(data), "--steps", "2", "--out", str(tmp_path / "quiet"))
-    assert quiet.returncode == 1
+    'To enable traceback see ...' URL as the last line. The launcher imports the model
+    file (it is fine); only a worker calls its function, which refuses its arguments."""
+    model = tmp_path / "net.py"
+    model.write_text("def build(vocab_size, context):\n"
+                     "    raise ValueError(f'this model needs a context of 64, got {context}')\n")
+    argv = ["--model", f"{model}:build", "--context", "16", "--batch-size", "4", "--microbatches", "2",
+            "--eval-every", "0", "--sample-bytes", "0", "--steps", "2"]
+    env = _env()
+    quiet = subprocess.run([sys.executable, "-m", "pipetrain", "train", *argv, "--out", str(tmp_path / "quiet")],
+                           capture_output=True, text=True, timeout=240, env=env)
+    assert quiet.returncode == 1, quiet.stderr[-3000:]
     line = _last_line(quiet.stderr)
-    assert line.startswith("pipetrain train: error: ValueError: corpus file") and "NUL byte" in line, line
+    assert line == "pipetrain train: error: ValueError: this model needs a context of 64, got 16", line
     assert "Traceback" not in quiet.stderr and "To enable traceback" not in quiet.stderr
-    verbose = subprocess.run([sys.executable, "-m", "pipetrain", "-v", "train", *TINY, "--data", str(data),
-                              "--steps", "2", "--out", str(tmp_path / "verbose")],
-                             capture_output=True, text=True, timeout=240, env=_env())
+    verbose = subprocess.run([sys.executable, "-m", "pipetrain", "-v", "train", *argv,
+                              "--out", str(tmp_path / "verbose")],
+                             capture_output=True, text=True, timeout=240, env=env)
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
-    assert "NUL byte" in _last_line(verbose.stderr)
+    assert "needs a context of 64" in _last_line(verbose.stderr)
 
 
 @pytest.mark.parametrize("folder", ["empty checkpoint folder", "not a run"])
