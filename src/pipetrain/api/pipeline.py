@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from pipetrain.api.async_training import AsyncTraining, attach_async, refuse_ties
 from pipetrain.api.checkpointing import KEEP, Loaded, load_pipeline, save_pipeline
 from pipetrain.api.config import PipelineConfig
-from pipetrain.api.fsdp import ShardedStages, shard_stages, whole_tensors
+from pipetrain.api.fsdp import ShardedStages, whole_tensors
 from pipetrain.api.grad_check import NonFiniteError, loss_sum
 from pipetrain.api.layout import LayerSource, Layout, Tie
 from pipetrain.api.optimizer_step import OptimizerFactory, SchedulerFactory, StageOptimizers
@@ -36,7 +36,6 @@ from pipetrain.api.pipeline_setup import (
     build_layers,
     build_transport,
     check_world,
-    job_mesh,
     refuse_batch_disagreement,
     refuse_setup_disagreement,
     start_monitor,
@@ -47,10 +46,10 @@ from pipetrain.api.pipeline_stages import (
     model_skip_layout,
     stage_parameters,
 )
+from pipetrain.api.placement import place_layers
 from pipetrain.api.step_batches import StepBatches, StepSplitter
 from pipetrain.api.step_schedules import StepSchedules
-from pipetrain.api.tensor_parallel import TensorParallelPlan, parallelize_stages
-from pipetrain.api.ties import broadcast_initial_weights, tie_layers
+from pipetrain.api.tensor_parallel import TensorParallelPlan
 from pipetrain.frontend import CapturedModel
 from pipetrain.frontend.names import gather_state_dict
 from pipetrain.frontend.pipelines import pipeline_units, wants_capture
@@ -169,21 +168,14 @@ class Pipeline:
         else:
             self.model = nn.Module()
             self.model.layers = nn.ModuleDict({str(i): layer for i, layer in self.layers.items()})
-        self.mesh, self._replica_group = job_mesh(config, self.layout, pipeline_rank=self.pipeline_rank,
-                                                  device=self.device, mesh=mesh)
-        fsdp = config.data_parallel == "fsdp"
-        ties_here = tie_layers(self.layers, list(ties), layout=self.layout,
-                               pipeline_rank=self.pipeline_rank,
-                               replica=self.replica if fsdp else None)
-        broadcast_initial_weights(self.model, ties_here, layout=self.layout,
-                                  pipeline_rank=self.pipeline_rank, dp_group=self._replica_group)
-        parallelize_stages(self.layers, tensor_parallel_plan, mesh=self.mesh, ties=ties,
-                           tensor_parallel=config.tensor_parallel, captured=capturing)
-        self.sharded: ShardedStages | None = None
+        placed = place_layers(self.model, self.layers, ties, config=config, layout=self.layout,
+                              pipeline_rank=self.pipeline_rank, replica=self.replica,
+                              device=self.device, mesh=mesh, plan=tensor_parallel_plan,
+                              captured=capturing)
+        self.mesh, self._replica_group, ties_here = placed.mesh, placed.replica_group, placed.tied
+        self.sharded: ShardedStages | None = placed.sharded
         """This rank's FSDP2 units (``data_parallel='fsdp'``, :mod:`pipetrain.api.fsdp`)."""
-        if fsdp:
-            self.sharded, ties_here = shard_stages(self.layers, ties_here, ties=ties, mesh=self.mesh,
-                                                   config=config, layout=self.layout)
+        fsdp = self.sharded is not None
         if self.captured is not None and fsdp:
             self.model = self.captured.container(self.layers)  # it held the replaced parameters
 
@@ -242,9 +234,9 @@ class Pipeline:
                                             rank=self.rank, executor=self.executor,
                                             optimizers=self.optimizers)
         self.step = 0
+        """Training steps taken (restored by :meth:`load`)."""
         self.loaded: Loaded | None = None
         """What the last :meth:`load` read (its folder, step, the damaged ones passed over)."""
-        """Training steps taken (restored by :meth:`load`)."""
         self.last_timeline: list[TimedAction] = []
         """This rank's measured actions of the last step (seconds since its start)."""
         self.last_step_start: float = 0.0
