@@ -31,6 +31,12 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipetrain", "train", *TINY, *args]
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a shell's background job (a CI runner's, say)
+    inherits SIGINT ignored, and Python keeps it ignored until the program sets a handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
@@ -162,7 +168,7 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
     out = tmp_path / "run"
     process = subprocess.Popen(_command("--steps", "100000", "--save-every", "1", "--out", str(out)),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -274,7 +280,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path: Path) -> None:
     traceback."""
     process = subprocess.Popen(_command("--steps", "5", "--out", str(tmp_path / "run")),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_default_sigint)
     time.sleep(0.5)  # torch alone takes longer to import
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=60)

@@ -115,8 +115,8 @@ def init_distributed(
         _reach_store(master_addr, master_port, rank=rank, deadline=deadline, timeout=timeout,
                      host_rank=None if agent_store else 0)
     try:
-        loopback = _resolved(master_addr) if is_host else None
-        if loopback is not None and is_loopback(loopback):
+        loopback = _loopback_only(master_addr) if is_host else None
+        if loopback is not None:
             store = hosted_store(loopback, master_port, world_size=world_size, timeout=timeout)
         else:
             store = TCPStore(master_addr, master_port, world_size, is_master=is_host,
@@ -167,11 +167,20 @@ def hosted_store(address: str, port: int, *, timeout: float,
                     master_listen_fd=listener.detach())  # the store owns the socket now
 
 
-def _resolved(host: str) -> str | None:
+def _loopback_only(master_addr: str) -> str | None:
+    """The loopback address to host the store on when ``master_addr`` can only mean this
+    machine (a loopback address, or ``localhost``); None otherwise. A host *name* that
+    resolves to loopback here (Debian's 127.0.1.1 for the machine's own name) may still
+    be how the other hosts reach this one, so its store listens everywhere."""
+    if is_loopback(master_addr):
+        return master_addr
+    if master_addr.lower() not in ("localhost", "localhost.localdomain"):
+        return None
     try:
-        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+        address = str(socket.getaddrinfo(master_addr, None, type=socket.SOCK_STREAM)[0][4][0])
     except (OSError, IndexError):
         return None
+    return address if is_loopback(address) else None
 
 
 def _reach_store(host: str, port: int, *, rank: int, deadline: float, timeout: float,
