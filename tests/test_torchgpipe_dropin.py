@@ -424,7 +424,9 @@ def test_a_hook_on_a_checkpointed_partition_fires_again_in_recomputation():
 
 def stop_count(package: Any) -> int:
     """torchgpipe's test_exception_early_stop_asap: how many micro-batches the partition
-    before a failing one finished before the failure stopped it."""
+    before a failing one finished before the failure stopped it. Each micro-batch takes
+    0.5 s there (torchgpipe's test: 0.1 s), so that a loaded machine's scheduling delay in
+    the failing thread does not count as a micro-batch."""
     import time
 
     class Expected(Exception):
@@ -434,7 +436,7 @@ def stop_count(package: Any) -> int:
 
     class Counter(nn.Module):
         def forward(self, x):
-            time.sleep(0.1)
+            time.sleep(0.5)
             counted[0] += 1
             return x
 

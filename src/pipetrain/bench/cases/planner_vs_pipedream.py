@@ -95,7 +95,8 @@ def run_pipedream(pipedream: Path, profile: Path, case: Cluster) -> tuple[float,
         )
         match = re.search(r"Time per stage in pipeline: (\S+)", done.stdout)
         if done.returncode != 0 or match is None or match.group(1) == "None":
-            return f"PipeDream failed: {(done.stderr or done.stdout).strip()[-200:]}"
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+            return f"PipeDream failed: {lines[-1][-200:]}"
         total = 1
         for w in case.workers:
             total *= w
@@ -190,9 +191,11 @@ def run(context: BenchContext) -> BenchResult:
                        "PIPETRAIN_PIPEDREAM_PROFILES to a folder holding them")
     checkout = os.environ.get(CHECKOUT_ENV)
     pipedream = Path(checkout) if checkout else None
-    if pipedream is not None and not (pipedream / "optimizer").is_dir():
-        raise ValueError(f"{CHECKOUT_ENV}={checkout!r} has no optimizer/ folder; give a "
-                         "checkout of https://github.com/msr-fiddle/pipedream")
+    missing = [f"{name}/" for name in ("optimizer", "graph")
+               if pipedream is not None and not (pipedream / name).is_dir()]
+    if missing:  # the optimizer imports the checkout's graph package
+        raise ValueError(f"{CHECKOUT_ENV}={checkout!r} has no {' or '.join(missing)} folder; "
+                         "give a whole checkout of https://github.com/msr-fiddle/pipedream")
     clusters = [c for c in CLUSTERS if len(c.workers) == 1] if context.quick else CLUSTERS
     rows: list[dict[str, Any]] = []
     for model in MODELS:
