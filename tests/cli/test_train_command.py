@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train_runs import recorded_losses, run_train
+
 pytestmark = pytest.mark.distributed
 
 SMALL = ["--layers", "2", "--width", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
@@ -17,14 +19,10 @@ SMALL = ["--layers", "2", "--width", "32", "--heads", "2", "--context", "32", "-
 
 
 def _train(*args: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "pipetrain", "train", *SMALL, *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return run_train(SMALL, *args, out=out, timeout=timeout)
 
 
-def _losses(out: Path) -> list[float]:
-    metrics = json.loads((out / "metrics.json").read_text())
-    return [step["loss"] for step in metrics["steps"]]
+_losses = recorded_losses
 
 
 def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:

@@ -5,12 +5,12 @@ the mesh, and what cannot run is refused before any worker starts."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.train_runs import recorded_losses, run_train
 
 pytestmark = pytest.mark.distributed
 
@@ -20,14 +20,10 @@ GPT = ["--layers", "2", "--width", "32", "--heads", "2"]
 
 
 def _train(*args: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "pipetrain", "train", *SMALL, *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return run_train(SMALL, *args, out=out, timeout=timeout)
 
 
-def _losses(out: Path) -> list[float]:
-    metrics = json.loads((out / "metrics.json").read_text())
-    return [step["loss"] for step in metrics["steps"]]
+_losses = recorded_losses
 
 
 def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: Path) -> None:
