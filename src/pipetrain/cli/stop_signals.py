@@ -48,9 +48,11 @@ class StopRequest:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
-        """Give the signals their previous handlers back."""
+        """Give the signals their previous handlers back; once a stop was received they stay
+        ignored instead (the process is ending: a second Ctrl-C during its exit must not turn
+        the clean stop into a traceback)."""
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler if self.signal is None else signal.SIG_IGN)  # type: ignore[arg-type]
         self._previous.clear()
 
     def _handle(self, number: int, frame: FrameType | None) -> None:

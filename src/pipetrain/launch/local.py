@@ -19,8 +19,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
+from torch.distributed.elastic.multiprocessing import api as elastic_processes
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -141,7 +144,8 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
     handlers = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     interrupted = False
     try:
-        with temporary_environment(_worker_environment(nproc, dict(environment or {}))):
+        with temporary_environment(_worker_environment(nproc, dict(environment or {}))), \
+                _one_stop_signal():
             elastic_launch(config, sys.executable)("-u", "-m", "pipetrain", *argv)
     except SignalException as error:
         interrupted = True  # the workers had their stop; another signal must not undo it
@@ -170,6 +174,30 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
         if not interrupted:  # the agent's handlers raise; give the caller's back
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+
+
+@contextmanager
+def _one_stop_signal() -> Iterator[None]:
+    """The agent's signal handler raises on the first SIGINT / SIGTERM only: it raises on
+    every one, so a second Ctrl-C while the agent waits for the workers to save cut that wait
+    short, or surfaced as a traceback from wherever Python happened to be (a weakref
+    callback prints "Exception ignored"). Later signals are ignored until the workers end."""
+    original = getattr(elastic_processes, "_terminate_process_handler", None)
+    if original is None:  # a torch without it: its own handler stands
+        yield
+        return
+    seen: list[int] = []
+
+    def first_only(number: int, frame: FrameType | None) -> None:
+        if not seen:
+            seen.append(number)
+            original(number, frame)
+
+    setattr(elastic_processes, "_terminate_process_handler", first_only)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(elastic_processes, "_terminate_process_handler", original)  # noqa: B010
 
 
 def _children() -> list[int]:
