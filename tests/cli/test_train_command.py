@@ -80,7 +80,6 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
         ["--stages", "1"],
         ["--stages", "2", "--schedule", "gpipe", "--checkpoint", "always"],
         ["--stages", "2", "--replicas", "2", "--schedule", "zb-h1", "--checkpoint", "except_last"],
-        ["--stages", "2", "--schedule", "interleaved-1f1b"],
         ["--stages", "2", "--schedule", "dualpipe-v"],
         ["--schedule", str(schedule_file), "--checkpoint", "always"],
     ]
@@ -94,7 +93,7 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
         for step, (a, b) in enumerate(zip(runs[0], losses)):
             assert abs(a - b) <= 1e-4 * abs(a), f"{layout} step {step + 1}: {b} vs {a} with --stages 1"
     # the V placement of dualpipe-v and of the file: rank 0 holds the first and last stages
-    for k in (4, 5):
+    for k in (3, 4):
         memory = json.loads((tmp_path / f"run{k}" / "metrics.json").read_text())["memory"]
         assert [m["stages"] for m in memory] == [[0, 3], [1, 2]]
 

@@ -18,7 +18,7 @@ interpreter; every peak is also compared with the weights alone. Two runs:
   that the writer never holds the model either), reading only its own tensors.
 
 ``--quick``: the ``safetensors`` run alone, of 4 blocks of width 128 (3 MiB of
-parameters), where the interpreter and torch's own memory dominate every rank's peak:
+parameters) over 2 ranks, where the interpreter and torch's own memory dominate every rank's peak:
 it shows the mechanism, not the saving.
 """
 
@@ -54,12 +54,14 @@ class Options:
     batch: int = 4
     seq: int = 16
     steps: int = 2
+    ranks: int = 4
+    """Pipeline ranks (one stage each)."""
     runs: tuple[str, ...] = ("init", "safetensors")
     """How the ranks get their weights: ``init`` (their own), ``safetensors`` (loaded)."""
 
 
 FULL = Options()
-QUICK = replace(FULL, layers=4, width=128, runs=("safetensors",))
+QUICK = replace(FULL, layers=4, width=128, ranks=2, runs=("safetensors",))
 
 
 def _meta_model(args: Options) -> torch.nn.Module:
@@ -110,11 +112,11 @@ def worker(ctx: Any, args: Options, weights: str | None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 256, (args.batch, args.seq + 1), generator=g)
     x, y = tokens[:, :-1], tokens[:, 1:]
-    splits = [f"transformer.h.{j * args.layers // 4}" for j in range(1, 4)]
+    splits = [f"transformer.h.{j * args.layers // args.ranks}" for j in range(1, args.ranks)]
     pipe = Pipeline(model, example_inputs=(x,), split_points=splits, weights=weights,
                     loss_fn=lambda out, t: F.cross_entropy(out.logits.flatten(0, 1), t.flatten()),
                     optimizer=lambda p: torch.optim.SGD(p, lr=1e-3),
-                    config=PipelineConfig(schedule="1f1b", num_stages=4, num_microbatches=4),
+                    config=PipelineConfig(schedule="1f1b", num_stages=args.ranks, num_microbatches=4),
                     context=ctx)
     losses = [pipe.train_step(x, y)]
     first_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -138,7 +140,7 @@ def _table(results: dict[str, Any], args: Options) -> Table:
                          r["peak_rss_first_step"] < full])
     return Table(
         title=f"Meta-device GPT-2, {args.layers} blocks x {args.width} "
-              f"({full / _MIB:.0f} MiB of fp32 parameters), over 4 processes: peak RSS per rank",
+              f"({full / _MIB:.0f} MiB of fp32 parameters), over {args.ranks} processes: peak RSS per rank",
         columns=["weights", "rank", "stage parameters MiB", "peak RSS after step 1 MiB",
                  f"peak RSS after {args.steps} steps MiB", "peak / cap", "under the cap",
                  "step 1 under the weights alone"],
@@ -167,8 +169,8 @@ def run(context: BenchContext) -> BenchResult:
             _write_checkpoint(args, folder)
         for name in args.runs:
             weights = folder if name == "safetensors" else None
-            context.progress(f"{name}: 4 ranks, {args.steps} steps")
-            ranks = run_processes(worker, 4, args, weights, timeout=3000)
+            context.progress(f"{name}: {args.ranks} ranks, {args.steps} steps")
+            ranks = run_processes(worker, args.ranks, args, weights, timeout=3000)
             results[name] = ranks
             results[f"{name}_under_cap"] = all(r["peak_rss"] < cap for r in ranks)
             results[f"{name}_first_step_under_weights"] = all(
@@ -191,9 +193,10 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
         return []
     peaks = [c for c in table.columns if c.startswith("peak RSS after")]
     cap = number(data.get("cap_bytes"))
+    ranks = len({row[1] for row in table.rows})
     return bars(out / "frontend_meta_memory_peaks.png", table, ["weights", "rank"],
                 {name.removesuffix(" MiB"): name for name in peaks}, form="{}, rank {}",
-                title="Meta-device GPT-2 over 4 processes: peak RSS per rank vs the "
+                title=f"Meta-device GPT-2 over {ranks} processes: peak RSS per rank vs the "
                       "one-process cap", ylabel="MiB",
                 reference=None if cap is None else cap / _MIB,
                 reference_label=None if cap is None else f"cap, {cap / _MIB:.0f} MiB")

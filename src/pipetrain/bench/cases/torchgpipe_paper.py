@@ -47,7 +47,7 @@ class Plan:
 
     Example:
         >>> len(settings(QUICK, {"amoebanet": {2: [4, 5]}, "unet": {2: [5, 6]}}))
-        9
+        6
     """
 
     workloads: dict[str, Workload]
@@ -64,8 +64,8 @@ class Plan:
 QUICK = Plan(
     workloads={"amoebanet": Workload(model="amoebanet", size=(3, 16), image=32, batch=16),
                "unet": Workload(model="unet", size=(2, 8), image=32, batch=16)},
-    partitions=(2,), chunks={"amoebanet": (1, 4), "unet": (4,)},
-    warmup=2, rounds=2, block=2, processes_per_group=False, threads=1)
+    partitions=(2,), chunks={"amoebanet": (1,), "unet": (4,)},
+    warmup=1, rounds=2, block=2, processes_per_group=False, threads=1)
 FULL = Plan(
     workloads={"amoebanet": Workload(model="amoebanet", size=(6, 32), image=64, batch=16),
                "unet": Workload(model="unet", size=(3, 8), image=64, batch=16)},
