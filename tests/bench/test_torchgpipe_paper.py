@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipetrain.bench.cases.torchgpipe_paper import CASE, MODES, Plan, measure
+from pipetrain.bench.cases.torchgpipe_paper import _record as _paper_record
 from pipetrain.bench.cases.torchgpipe_paper_figures import AMOEBANET_SPEED, UNET_SPEED
 from pipetrain.bench.cases.torchgpipe_paper_models import Workload, profile_balance, wrap
 from pipetrain.bench.cases.torchgpipe_paper_runs import Setting, serve
@@ -97,6 +98,13 @@ def test_a_tiny_run_measures_every_runner_and_fills_the_tables() -> None:
         assert all(rate > 0 for rate in record["samples_per_s"].values())
         assert all(len(s) == 1 for s in record["step_s"].values())
         assert set(record["torch_threads"].values()) == {1}
+        runs = record["torchgpipe_runs"]  # torchgpipe also ran at one thread; the faster counts
+        assert set(runs) == {"torchgpipe", "torchgpipe@1"}
+        chosen = [run for run in runs.values() if run["chosen"]]
+        assert len(chosen) == 1 and chosen[0]["samples_per_s"] == max(
+            run["samples_per_s"] for run in runs.values())
+        assert record["samples_per_s"]["torchgpipe"] == pytest.approx(chosen[0]["samples_per_s"])
+        assert record["run_peak_mib"]["torchgpipe"] == chosen[0]["run_peak_mib"]
         assert record["load"]["wall_s"] > 0 and "other_cores" in record["load"]
         mib = record["run_peak_mib"]
         assert all(v is None or v >= 0 for v in mib.values())
@@ -109,6 +117,26 @@ def test_a_tiny_run_measures_every_runner_and_fills_the_tables() -> None:
                                                 "pipeline-2", "pipeline-4", "pipeline-8"]
     assert versus.rows[2][3] == 2 and versus.rows[2][4].endswith("x")  # measured here
     assert versus.rows[1][3:] == versus.rows[3][3:] == ["-", "-", "-"]  # not measured
+
+
+def test_each_setting_takes_torchgpipes_faster_thread_count_and_the_notes_say_so() -> None:
+    setting = Setting(workload=TINY["unet"], balance=(6, 5), chunks=2, checkpoint="never")
+    seconds = {"pipetrain": [0.1, 0.1], "torchgpipe": [0.4, 0.4], "plain": [0.1, 0.1],
+               "torchgpipe@1": [0.2, 0.2]}
+    setup = {"pipetrain": (5.0, 2), "torchgpipe": (7.0, 2), "plain": (4.0, 2),
+             "torchgpipe@1": (6.0, 1)}
+    mib = {"pipetrain": 10.0, "torchgpipe": 21.0, "plain": 9.0, "torchgpipe@1": 20.0}
+    record = _paper_record(setting, setup, seconds, {"other_cores": None}, mib)
+    assert record["samples_per_s"]["torchgpipe"] == pytest.approx(4 / 0.2)  # one thread won
+    assert record["run_peak_mib"]["torchgpipe"] == 20.0
+    assert record["torch_threads"] == {"pipetrain": 2, "torchgpipe": 1, "plain": 2}
+    assert set(record["step_s"]) == {"pipetrain", "torchgpipe", "plain"}
+    assert record["torchgpipe_runs"]["torchgpipe"]["chosen"] is False
+    assert record["torchgpipe_runs"]["torchgpipe@1"]["samples_per_s"] == pytest.approx(20.0)
+    record["model"] = "unet"
+    speed = {t.key: t for t in measured_tables([record], {"unet": "tiny"})}["unet_speed"]
+    assert speed.rows[0][3:6] == ["40.0", "20.0", "40.0"]
+    assert "each row shows its faster run: one thread in 1 of 1 rows" in speed.notes
 
 
 def _record(model: str, k: int, m: int, mode: str, rate: float,

@@ -40,9 +40,22 @@ import torch
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, wrap
 from pipetrain.bench.harness import CpuWindow, PeakMemory, foreign_load, memory_available
 
-__all__ = ["Runners", "Setting", "serve"]
+__all__ = ["ONE_THREAD", "Runners", "Setting", "library", "serve"]
 
 _LEARNING_RATE = 1e-3
+ONE_THREAD = "@1"
+"""Suffix of a runner run at one intra-op thread (``torchgpipe@1``): torchgpipe's best
+setting on a small CPU, where its device thread and autograd's each start an OpenMP team."""
+
+
+def library(runner: str) -> str:
+    """What ``runner`` trains with (``torchgpipe@1`` is ``torchgpipe`` at one thread).
+
+    Example:
+        >>> library("torchgpipe@1"), library("plain")
+        ('torchgpipe', 'plain')
+    """
+    return runner.removesuffix(ONE_THREAD)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +83,7 @@ class _Trainer:
 
     def __init__(self, runner: str, setting: Setting) -> None:
         self.workload = setting.workload
-        self.model = wrap(runner, setting.workload.build(), balance=list(setting.balance),
+        self.model = wrap(library(runner), setting.workload.build(), balance=list(setting.balance),
                           chunks=setting.chunks, checkpoint=setting.checkpoint)
         self.inputs, self.target = setting.workload.inputs()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=_LEARNING_RATE)
@@ -154,14 +167,17 @@ class Runners:
     process's intra-op threads (``None``: torch's default, as its users run it).
     """
 
-    def __init__(self, *, timeout: float, threads: int | None = None) -> None:
+    def __init__(self, *, timeout: float, threads: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.timeout = timeout
+        self.names: tuple[str, ...] = (*RUNNERS, *extra)
         context = mp.get_context("spawn")
         self._conns: dict[str, Connection] = {}
         self._processes: dict[str, Any] = {}
-        for runner in RUNNERS:
+        for runner in self.names:
             parent_end, child_end = context.Pipe()
-            process = context.Process(target=_process_main, args=(runner, child_end, threads),
+            own = 1 if runner.endswith(ONE_THREAD) else threads
+            process = context.Process(target=_process_main, args=(runner, child_end, own),
                                       daemon=True,
                                       name=f"torchgpipe_paper-{runner}")
             process.start()
@@ -198,9 +214,9 @@ class Runners:
         Raises:
             RuntimeError: a runner failed or its output differs from the plain model's.
         """
-        for runner in RUNNERS:  # the runners build at once (nothing is timed yet)
+        for runner in self.names:  # the runners build at once (nothing is timed yet)
             self._conns[runner].send(("setup", setting))
-        answers = {runner: self._answer(runner, "setup") for runner in RUNNERS}
+        answers = {runner: self._answer(runner, "setup") for runner in self.names}
         reference = answers["plain"][0]
         scale = max(1.0, reference.abs().max().item())
         for runner, (output, *_) in answers.items():
@@ -215,13 +231,13 @@ class Runners:
         """Seconds of ``rounds * block`` timed steps of each runner, interleaved; and the
         cores other processes of the machine used meanwhile
         (:func:`~pipetrain.bench.harness.foreign_load`: ``other_cores``)."""
-        for runner in RUNNERS:
+        for runner in self.names:
             self._ask(runner, ("steps", warmup, 0))
-        seconds: dict[str, list[float]] = {runner: [] for runner in RUNNERS}
+        seconds: dict[str, list[float]] = {runner: [] for runner in self.names}
         window, cpu_before = CpuWindow(), self._cpu_seconds()
         for r in range(rounds):
-            for k in range(len(RUNNERS)):
-                runner = RUNNERS[(r + k) % len(RUNNERS)]
+            for k in range(len(self.names)):
+                runner = self.names[(r + k) % len(self.names)]
                 seconds[runner] += self._ask(runner, ("steps", 1, block))
         figures = window.close()
         figures["own_cpu_s"] = (figures["own_cpu_s"] or 0.0) + self._cpu_seconds() - cpu_before
@@ -241,7 +257,7 @@ class Runners:
 
     def peaks(self) -> dict[str, float | None]:
         """Every runner's peak MiB over all the steps of the current setting."""
-        return {runner: self._ask(runner, ("peak",)) for runner in RUNNERS}
+        return {runner: self._ask(runner, ("peak",)) for runner in self.names}
 
     def close(self) -> None:
         """Stop the processes (each is asked to end, then ended if it does not)."""

@@ -73,7 +73,20 @@ def _load_note(records: list[dict[str, Any]], model: str) -> str:
                  "with several intra-op threads (torch's default: one per core), a runner "
                  "waiting at an OpenMP barrier loses whole time slices to them, so figures "
                  "from a busy machine are not comparable.")
-    return note
+    return note + _anchor_note(mine)
+
+
+def _anchor_note(records: list[dict[str, Any]]) -> str:
+    """Which of torchgpipe's runs each row took, where it ran at two thread counts."""
+    both = [r for r in records if len(r.get("torchgpipe_runs", {})) > 1]
+    if not both:
+        return ""
+    one = sum(1 for r in both for run in r["torchgpipe_runs"].values()
+              if run["chosen"] and run["torch_threads"] == 1)
+    return (" torchgpipe ran each setting twice, at torch's default thread count and at one "
+            "thread (its device thread and autograd's each start an OpenMP team, which contend "
+            "on a small CPU), and each row shows its faster run: one thread in "
+            f"{one} of {len(both)} rows. pipetrain ran at its defaults.")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
