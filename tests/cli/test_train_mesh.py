@@ -45,6 +45,10 @@ def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: P
     assert config["mesh"] == {"pp": 2, "dp": 2, "tp": 2, "world_size": 8,
                               "data_parallel": "fsdp", "reshard_after_forward": False}
     assert config["args"]["fsdp"] is True and config["args"]["tensor_parallel"] == 2
+    metrics = json.loads((tmp_path / "3d" / "metrics.json").read_text())
+    trace = json.loads((tmp_path / "3d" / "trace.json").read_text())
+    assert metrics["config"]["mesh"] == trace["otherData"]["mesh"] == config["mesh"]
+    assert "x 2 tensor-parallel" in trace["otherData"]["layout"]  # the timeline's title too
 
 
 def test_what_fsdp_cannot_run_is_refused_before_any_worker_starts(tmp_path: Path) -> None:

@@ -203,6 +203,7 @@ class _Run:
             changes=None if self.resume is None else self.resume.changes,
             checkpoint_step=self.saved_step)
         self.records.schedule = lambda: self.pipe.schedule()  # the step as it runs
+        self.records.mesh = mesh_record(self.pipe.config)
         self.records.sources = record["sources"]
         self.records.command_line = record["command_line"]
         self.records.write()

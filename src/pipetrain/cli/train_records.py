@@ -124,6 +124,9 @@ class RunRecords:
         """Where each option came from (``default``, ``command line``, ``plan``...)."""
         self.command_line: list[str] = []
         """The command line as typed."""
+        self.mesh: dict[str, Any] | None = None
+        """The mesh that ran (:func:`pipetrain.api.mesh.mesh_record`), in metrics.json's
+        config and the trace's metadata."""
         self._lock = threading.RLock()
         self.tensorboard = TensorBoardLog(out, writes=self.writes)
         """TensorBoard events of the run, in the run folder (see :mod:`.run_logs`)."""
@@ -221,7 +224,8 @@ class RunRecords:
         return {
             "schema": METRICS_SCHEMA,
             "config": {"args": self.options, "sources": self.sources,
-                       "command_line": self.command_line, "world_size": self.world_size},
+                       "command_line": self.command_line, "world_size": self.world_size,
+                       "mesh": self.mesh},
             "segments": self.segments,
             "steps": None,
             "summary": self.summary(),
@@ -267,7 +271,7 @@ class RunRecords:
                 written.append("timeline.png")
             if self._write("trace.json", lambda path: write_chrome_trace(
                     [t for _, t in self.traced], path, step_numbers=[n for n, _ in self.traced],
-                    metadata={"options": self.options, "layout": title})):
+                    metadata={"options": self.options, "layout": title, "mesh": self.mesh})):
                 written.append("trace.json")
         drawn: list[bool] = []
         if self._write("loss.png", lambda path: drawn.append(
