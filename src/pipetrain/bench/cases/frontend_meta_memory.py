@@ -18,8 +18,8 @@ interpreter; every peak is also compared with the weights alone. Two runs:
   that the writer never holds the model either), reading only its own tensors.
 
 ``--quick``: the ``safetensors`` run alone, of 4 blocks of width 128 (3 MiB of
-parameters) over 2 ranks, where the interpreter and torch's own memory dominate every rank's peak:
-it shows the mechanism, not the saving.
+parameters) over 2 ranks, where the interpreter and torch's own memory dominate every
+rank's peak: it shows the mechanism, not the saving.
 """
 
 from __future__ import annotations

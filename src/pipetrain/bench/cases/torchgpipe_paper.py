@@ -94,27 +94,24 @@ def _record(setting: Setting, setup: dict[str, Any], seconds: dict[str, list[flo
     """One setting's figures by runner; where torchgpipe also ran at one thread, its entry
     is the faster of its runs (``torchgpipe_runs`` keeps both)."""
     batch = setting.workload.batch
-    variants = {name: batch / median(seconds[name]) for name in seconds
-                if library(name) == "torchgpipe"}
-    best = max(variants, key=lambda name: variants[name])
-    runs = {name: {"samples_per_s": rate, "run_peak_mib": run_mib[name],
+    medians = {name: median(times) for name, times in seconds.items()}
+    variants = [name for name in medians if library(name) == "torchgpipe"]
+    best = min(variants, key=lambda name: medians[name])
+    runs = {name: {"samples_per_s": batch / medians[name], "run_peak_mib": run_mib[name],
                    "torch_threads": setup[name][1], "chosen": name == best}
-            for name, rate in variants.items()}
-    seconds = {**seconds, "torchgpipe": seconds[best]}
-    run_mib = {**run_mib, "torchgpipe": run_mib[best]}
-    setup = {**setup, "torchgpipe": setup[best]}
-    medians = {runner: median(seconds[runner]) for runner in RUNNERS}
+            for name in variants}
+    ran = {runner: best if runner == "torchgpipe" else runner for runner in RUNNERS}
     return {
         "model": setting.workload.model, "partitions": setting.num_partitions,
         "chunks": setting.chunks, "checkpoint": setting.checkpoint,
         "balance": list(setting.balance), "batch": batch,
-        "median_step_s": medians,
-        "quartiles_step_s": {runner: quartiles(seconds[runner]) for runner in RUNNERS},
-        "step_s": {runner: seconds[runner] for runner in RUNNERS},
-        "samples_per_s": {runner: batch / medians[runner] for runner in RUNNERS},
-        "first_step_peak_mib": {runner: setup[runner][0] for runner in RUNNERS},
-        "run_peak_mib": {runner: run_mib[runner] for runner in RUNNERS},
-        "torch_threads": {runner: setup[runner][1] for runner in RUNNERS},
+        "median_step_s": {runner: medians[name] for runner, name in ran.items()},
+        "quartiles_step_s": {runner: quartiles(seconds[name]) for runner, name in ran.items()},
+        "step_s": {runner: seconds[name] for runner, name in ran.items()},
+        "samples_per_s": {runner: batch / medians[name] for runner, name in ran.items()},
+        "first_step_peak_mib": {runner: setup[name][0] for runner, name in ran.items()},
+        "run_peak_mib": {runner: run_mib[name] for runner, name in ran.items()},
+        "torch_threads": {runner: setup[name][1] for runner, name in ran.items()},
         "torchgpipe_runs": runs,
         "load": load,
     }
