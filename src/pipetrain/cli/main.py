@@ -128,7 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    from pipetrain.cli.interrupts import deferred_interrupt
+
+    with deferred_interrupt():  # the commands' modules import torch, which could lose a Ctrl-C
+        parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

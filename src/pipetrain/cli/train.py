@@ -52,54 +52,58 @@ def _fail(problems: list[str], status: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Launch the workers (or, inside a job, be one); the exit status."""
-    from pipetrain.launch import LaunchError, LaunchInterrupted, in_worker, launch_local
-    from pipetrain.launch.local import COMMAND_LINE_ENV
+    from pipetrain.cli.interrupts import deferred_interrupt
+
+    with deferred_interrupt():  # torch's imports could swallow a Ctrl-C
+        from pipetrain.launch import LaunchError, LaunchInterrupted, in_worker, launch_local
+        from pipetrain.launch.local import COMMAND_LINE_ENV
 
     if in_worker():
         from pipetrain.cli.train_job import train_worker
 
         return train_worker(args)
-    from pipetrain.cli.run_folder import new_run_problem, resume_source
-    from pipetrain.cli.train_checks import prepare, schedule_notes
+    with deferred_interrupt():  # the checks import more of torch
+        from pipetrain.cli.run_folder import new_run_problem, resume_source
+        from pipetrain.cli.train_checks import prepare, schedule_notes
 
-    config, _, problems = prepare(args)
-    if config.out is None:
-        config.out = os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    out = config.out
-    from pipetrain.cli.run_lock import RunFolderBusy, RunLock
+        config, _, problems = prepare(args)
+        if config.out is None:
+            config.out = os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        out = config.out
+        from pipetrain.cli.run_lock import RunFolderBusy, RunLock
 
-    lock = RunLock(out)  # held by this launcher for the whole job
-    resumed = resume_source(config.resume).run_folder if config.resume is not None else None
-    busy = (RunLock(resumed) if resumed is not None else lock).busy()
-    if busy is not None:  # what else is wrong may be a consequence (no checkpoint yet)
-        return _fail([busy], 2)
-    folder_problem = new_run_problem(out, resume=config.resume)
-    if folder_problem is not None:
-        problems.append(folder_problem)
-    if problems:
-        return _fail(problems, 2)
-    try:
-        lock.acquire()
-    except (RunFolderBusy, OSError) as error:
-        return _fail([f"--out {out!r}: {error}" if isinstance(error, OSError) else str(error)], 2)
-    folder_problem = new_run_problem(out, resume=config.resume)  # a job that just ended
-    if folder_problem is not None:
-        lock.release()
-        return _fail([folder_problem], 2)
-    if not args.verbose:  # the workers' own lines say what happened; the agent's add noise
-        for name in list(logging.root.manager.loggerDict):
-            if name.startswith("torch.distributed.elastic"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
-    from pipetrain.cli.precision_probe import precision_warning
+        lock = RunLock(out)  # held by this launcher for the whole job
+        resumed = resume_source(config.resume).run_folder if config.resume is not None else None
+        busy = (RunLock(resumed) if resumed is not None else lock).busy()
+        if busy is not None:  # what else is wrong may be a consequence (no checkpoint yet)
+            return _fail([busy], 2)
+        folder_problem = new_run_problem(out, resume=config.resume)
+        if folder_problem is not None:
+            problems.append(folder_problem)
+        if problems:
+            return _fail(problems, 2)
+        try:
+            lock.acquire()
+        except (RunFolderBusy, OSError) as error:
+            return _fail([f"--out {out!r}: {error}" if isinstance(error, OSError) else str(error)], 2)
+        folder_problem = new_run_problem(out, resume=config.resume)  # a job that just ended
+        if folder_problem is not None:
+            lock.release()
+            return _fail([folder_problem], 2)
+        if not args.verbose:  # the workers' own lines say what happened; the agent's add noise
+            for name in list(logging.root.manager.loggerDict):
+                if name.startswith("torch.distributed.elastic"):
+                    logging.getLogger(name).setLevel(logging.CRITICAL)
+        from pipetrain.cli.precision_probe import precision_warning
 
-    slower = precision_warning(config)
-    if slower is not None:
-        sys.stderr.write(f"pipetrain train: warning: {slower}\n")
-    for note in schedule_notes(config):
-        sys.stderr.write(f"pipetrain train: {note}\n")
-    sys.stderr.write(f"pipetrain train: starting {config.num_workers} worker"
-                     f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
-    sys.stderr.flush()
+        slower = precision_warning(config)
+        if slower is not None:
+            sys.stderr.write(f"pipetrain train: warning: {slower}\n")
+        for note in schedule_notes(config):
+            sys.stderr.write(f"pipetrain train: {note}\n")
+        sys.stderr.write(f"pipetrain train: starting {config.num_workers} worker"
+                         f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
+        sys.stderr.flush()
     argv = _argv_with_out(sys.argv[1:], out)
     started = time.time()
     try:  # the workers record the command line as typed, not as the launcher passes it on
