@@ -133,7 +133,7 @@ class _Watchdog(threading.Thread):
         while not self.done.wait(0.005):
             grown = _resident_bytes() - self.start_bytes
             if grown > self.cap:
-                self.marker.write_text(f"{grown / _MIB:.1f}")
+                self.marker.write_text(repr(grown / _MIB))  # full precision: it exceeds the cap
                 for pid in [p for p in self.pids if p != os.getpid()] + [os.getpid()]:
                     try:
                         os.kill(pid, signal.SIGKILL)
@@ -252,7 +252,7 @@ def _fresh_trial(kind: str, workers: int, depth: int, work: Workload, *, cap_mib
         except ProcessesFailed as failed:
             killed = [float(p.read_text()) for p in Path(marks).glob("*.killed")]
             if killed:
-                record.update(fits=False, killed_above_mib=max(killed))
+                record.update(fits=False, killed_above_mib=round(max(killed), 2))
             else:
                 record.update(fits=False, error=str(failed)[-400:])
                 failures.append(f"the trial of {depth} blocks failed: {str(failed)[-400:]}")
