@@ -36,9 +36,10 @@ def _configs(num_stages: int) -> list[dict[str, Any]]:
                # at 4 stages 1F1B alone, at 2 no GPipe: every schedule's step is checked on
                # smaller models (test_pipeline_correctness), and the ranks share 2 cores here
                for schedule in (("1f1b", "zb-h1") if num_stages == 2 else ("1f1b",))]
-    configs.append({"kind": "gpt2", "split": False, "schedule": "1f1b", "num_stages": num_stages,
-                    "num_microbatches": num_stages})
-    if num_stages == 2:  # 4 model stages, 2 per rank; GPT-2's default dropout, cut 2 ways
+    if num_stages == 2:  # the cut chosen by the planner; 4 model stages, 2 per rank;
+        # GPT-2's default dropout, cut 2 ways
+        configs.append({"kind": "gpt2", "split": False, "schedule": "1f1b", "num_stages": 2,
+                        "num_microbatches": 2})
         configs.append({"kind": "llama", "split": True, "schedule": "interleaved-1f1b",
                         "num_stages": 2, "stages_per_rank": 2, "num_microbatches": 4})
         configs += [{"kind": "gpt2", "split": True, "dropout": True, "schedule": schedule,

@@ -268,3 +268,10 @@ def gpt_eval_reference() -> tuple[torch.Tensor, float]:
     with torch.no_grad():
         output = model(x)
     return output, float(gpt_loss(output, y))
+
+
+def environment_job(context: Any, name: str) -> tuple[str | None, int]:
+    """``os.environ[name]`` as this rank sees it, and its pid."""
+    import os
+
+    return os.environ.get(name), os.getpid()

@@ -1,7 +1,8 @@
 """Running a function on every rank of a small local job (spawned processes, gloo).
 
 For tests, benchmarks and notebooks: ``run_processes(fn, 2, ...)`` starts two fresh
-interpreters, joins them into a gloo job on 127.0.0.1 (free port) through
+interpreters (or, with ``start="forkserver"``, forks them from a server that imported torch
+once), joins them into a gloo job on 127.0.0.1 (free port) through
 :func:`pipetrain.runtime.process_group.init_distributed`, calls ``fn(context, *args)`` on
 each, and returns the results by rank. Every wait has a timeout and every process is
 joined (killed if it overstays), so a failing job never hangs its caller.
@@ -62,8 +63,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint.state_dict",
+            "pipetrain.api.pipeline", "pipetrain.runtime.process_group"]
+"""What the fork server imports once, so that the ranks it forks start without importing."""
+
+_STARTS = ("spawn", "forkserver")
+
+
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout: float,
-           args: tuple[Any, ...], results: Any) -> None:
+           args: tuple[Any, ...], results: Any, environment: dict[str, str] | None) -> None:
+    if environment is not None:  # forked from the server: the caller's environment now
+        os.environ.clear()
+        os.environ.update(environment)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -92,11 +103,16 @@ def run_processes(
     *args: Any,
     timeout: float = 120.0,
     expect_errors: bool = False,
+    start: str = "spawn",
 ) -> list[Any]:
     """Run ``fn(context, *args)`` on ``world_size`` spawned ranks; the results by rank.
 
     ``fn`` must be importable by name (a module-level function): the ranks are fresh
-    interpreters. With ``expect_errors`` each rank's outcome is returned as
+    interpreters. ``start="forkserver"`` forks them instead from a server process that
+    imported torch and pipetrain once (started on first use, kept for later jobs): a rank
+    starts in a fraction of a second instead of seconds. Each rank sees ``os.environ`` as it
+    is at the call, but settings a library reads when it loads (OpenMP's) are the server's:
+    keep ``"spawn"`` to measure, or to vary such settings between jobs. With ``expect_errors`` each rank's outcome is returned as
     ``("ok", value)``, ``("error", traceback text)`` or ``("missing", None)`` instead of
     raising. Each rank runs with ``OMP_NUM_THREADS`` (default 1) intra-op threads.
 
@@ -111,11 +127,18 @@ def run_processes(
     """
     import torch.multiprocessing as mp
 
-    spawn = mp.get_context("spawn")
-    results = spawn.Queue()
+    if start not in _STARTS:
+        raise ValueError(f"start={start!r} is not a way to start ranks; fix: one of {_STARTS}")
+    context = mp.get_context(start)
+    environment = None
+    if start == "forkserver":
+        context.set_forkserver_preload(_PRELOAD)  # read when the server starts, once
+        environment = dict(os.environ)
+    results = context.Queue()
     port = free_port()
     procs = [
-        spawn.Process(target=_entry, args=(fn, r, world_size, port, timeout, args, results), daemon=True)
+        context.Process(target=_entry, args=(fn, r, world_size, port, timeout, args, results,
+                                             environment), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
