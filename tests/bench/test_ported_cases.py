@@ -21,6 +21,7 @@ from pipetrain.bench.cases import (
     vs_torch_pipelining,
 )
 from pipetrain.bench.cases.pipedream_traffic import find_profiles
+from pipetrain.bench import gpipe_runs
 from pipetrain.bench.gpipe_runs import Setting
 from pipetrain.bench.vs_torch.analysis import compare
 from pipetrain.bench.vs_torch.options import SCHEDULES, Options
@@ -62,6 +63,42 @@ def test_a_gpipe_setting_whose_balance_misses_layers_is_refused_with_a_fix() -> 
         Setting(balance=(4, 3))
     assert Setting(model="gpt", depth=8, balance=(5, 5)).describe().startswith("GPT: 8 blocks")
     assert [s.memory_only for s in gpipe_vs_torchgpipe.MEMORY_SETTINGS] == [True, True]
+
+
+class _Answers:
+    """A runner's end of the pipe that takes ``ms`` per step."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms, self.request = ms, (0, 0)
+
+    def send(self, request: Any) -> None:
+        self.request = request
+
+    def poll(self, timeout: float) -> bool:
+        return True
+
+    def recv(self) -> list[float]:
+        return [self.ms / 1e3] * self.request[1]
+
+
+@pytest.mark.parametrize(("default_ms", "one_thread_ms", "anchor"),
+                         [(12.0, 11.0, "torchgpipe@1"), (9.0, 11.0, "torchgpipe")])
+def test_pipetrain_is_compared_with_torchgpipes_faster_thread_count(
+        default_ms: float, one_thread_ms: float, anchor: str) -> None:
+    setting = Setting(repetitions=4, block=2)
+    assert gpipe_runs.runners(setting)[-1] == "torchgpipe@1"
+    assert "torchgpipe@1" not in gpipe_runs.runners(Setting(memory_only=True))
+    conns = {"pipetrain": _Answers(10.0), "torchgpipe": _Answers(default_ms),
+             "plain": _Answers(8.0), "torchgpipe@1": _Answers(one_thread_ms)}
+    result = gpipe_runs._time(setting, conns)  # type: ignore[arg-type]
+    fastest = min(default_ms, one_thread_ms)
+    assert result["torchgpipe_anchor"] == anchor
+    assert result["ratio_pipetrain_over_torchgpipe"] == pytest.approx(fastest / 10.0)
+    result.update(checkpoint="except_last", torch_threads=2)
+    table = gpipe_vs_torchgpipe._time_table([("defaults", setting, result)])
+    threads = "1" if anchor.endswith("@1") else "2 (torch's default)"
+    assert table.rows == [["defaults", 10.0, fastest, threads, 8.0,
+                           round(fastest / 10.0, 2), 0.8]]
 
 
 def _row(framework: str, schedule: str, median: float) -> dict[str, Any]:

@@ -10,7 +10,11 @@ SAME batch, three ways:
   own persistent worker thread, also when partitions share the CPU;
 - ``torchgpipe``: ``torchgpipe.GPipe`` 0.0.7 with the same balance, chunks and checkpoint
   mode and devices (it runs the partitions of one device on one thread);
-- ``plain``: the ``nn.Sequential`` itself (no micro-batches, no recomputation).
+- ``plain``: the ``nn.Sequential`` itself (no micro-batches, no recomputation);
+- ``torchgpipe@1``: torchgpipe again at one intra-op thread (on the CPU, when the setting
+  times): its best setting on a small CPU, where its device thread and autograd's each
+  start an OpenMP team. pipetrain is compared with the faster of torchgpipe's two runs
+  (``torchgpipe_anchor`` in the result), for its time and its memory.
 
 Each of the three runs in its own process, as its users would run it (with
 ``throttle_openmp_spin``, pipetrain's stage workers change process-wide OpenMP state; and
@@ -51,9 +55,13 @@ from torch import nn
 
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
 
-__all__ = ["ANSWER_S", "MODES", "NAMES", "Setting", "build_model", "make_batch", "make_step", "run_mode"]
+__all__ = ["ANSWER_S", "MODES", "NAMES", "ONE_THREAD", "Setting", "build_model", "library",
+           "make_batch", "make_step", "run_mode", "runners"]
 
 NAMES = ("pipetrain", "torchgpipe", "plain")
+ONE_THREAD = "@1"
+"""Suffix of a runner run at one intra-op thread (``torchgpipe@1``): torchgpipe's best
+setting on a small CPU, where its device thread and autograd's each start an OpenMP team."""
 MODES = ("never", "except_last", "always")
 ANSWER_S = 900.0
 """Seconds an implementation's process may take to answer (build, or a batch of steps)."""
@@ -87,6 +95,9 @@ class Setting:
     pipetrain_options: dict[str, Any] = field(default_factory=dict)
     """Keywords of ``pipetrain.GPipe`` beyond the defaults (the opt-in CPU tricks)."""
     seed: int = 0
+    anchor_one_thread: bool = True
+    """Time torchgpipe at one intra-op thread too (``torchgpipe@1``, on the CPU, unless
+    ``threads`` is 1 already) and compare pipetrain with its faster run."""
 
     def __post_init__(self) -> None:
         num_layers = self.depth + 2 if self.model == "gpt" else self.depth
@@ -107,6 +118,30 @@ class Setting:
                     f"{self.seq} tokens")
         act = "GELU" if self.activation == "gelu" else "ReLU"
         return f"{self.depth} x [Linear({self.width}, {self.width}) + {act}]"
+
+
+def library(runner: str) -> str:
+    """What ``runner`` trains with (``torchgpipe@1`` is ``torchgpipe`` at one thread).
+
+    Example:
+        >>> library("torchgpipe@1"), library("plain")
+        ('torchgpipe', 'plain')
+    """
+    return runner.removesuffix(ONE_THREAD)
+
+
+def runners(setting: Setting) -> tuple[str, ...]:
+    """The runners of one setting: the three, and ``torchgpipe@1`` where it is timed.
+
+    Example:
+        >>> runners(Setting())
+        ('pipetrain', 'torchgpipe', 'plain', 'torchgpipe@1')
+        >>> runners(Setting(threads=1))
+        ('pipetrain', 'torchgpipe', 'plain')
+    """
+    one_thread = (setting.anchor_one_thread and not setting.memory_only
+                  and setting.device == "cpu" and setting.threads != 1)
+    return NAMES + (f"torchgpipe{ONE_THREAD}",) if one_thread else NAMES
 
 
 def build_model(setting: Any) -> nn.Sequential:
@@ -176,9 +211,10 @@ def _build(name: str, setting: Setting, checkpoint: str) -> nn.Module:
 def _child(name: str, setting: Setting, checkpoint: str, conn: Connection) -> None:
     """One implementation in its own process: its first step's peak memory and its
     output, then timed steps on demand, then the run's peak memory."""
-    if setting.threads is not None:
-        torch.set_num_threads(setting.threads)
-    model = _build(name, setting, checkpoint)
+    threads = 1 if name.endswith(ONE_THREAD) else setting.threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model = _build(library(name), setting, checkpoint)
     devices = _devices(setting)
     batch = make_batch(setting, devices[0])
     step = make_step(model, batch, devices[0])
@@ -212,8 +248,9 @@ def _child(name: str, setting: Setting, checkpoint: str, conn: Connection) -> No
 
 
 def run_mode(setting: Setting, checkpoint: str) -> dict[str, Any]:
-    """The three implementations in fresh processes, for one checkpoint mode; their
-    outputs checked against each other, their peaks and (unless ``memory_only``) times.
+    """The implementations in fresh processes (:func:`runners`), for one checkpoint mode;
+    their outputs checked against each other, their peaks and (unless ``memory_only``)
+    times.
 
     Raises:
         RuntimeError: an implementation's output differs from plain's, or its process
@@ -227,7 +264,7 @@ def run_mode(setting: Setting, checkpoint: str) -> dict[str, Any]:
     context = mp.get_context("spawn")
     conns: dict[str, Connection] = {}
     processes = []
-    for name in NAMES:
+    for name in runners(setting):
         parent_end, child_end = context.Pipe()
         process = context.Process(target=_child, args=(name, setting, checkpoint, child_end),
                                   daemon=True)
@@ -258,15 +295,18 @@ def _recv(conns: dict[str, Connection], name: str) -> Any:
 
 def _coordinate(setting: Setting, checkpoint: str,
                 conns: dict[str, Connection]) -> dict[str, Any]:
-    # the three compute the same function of the same weights; record the intra-op
-    # thread counts their layers run with
+    # all compute the same function of the same weights; record the intra-op thread
+    # counts their layers run with
+    names = list(conns)
     threads_seen: dict[str, list[int]] = {}
     torch_threads = 0
     outputs, first_mib = {}, {}
-    for name in NAMES:
-        outputs[name], threads_seen[name], torch_threads, first_mib[name] = _recv(conns, name)
+    for name in names:
+        outputs[name], threads_seen[name], threads, first_mib[name] = _recv(conns, name)
+        if not name.endswith(ONE_THREAD):
+            torch_threads = threads
     reference = outputs["plain"]
-    for name in NAMES:
+    for name in names:
         diff = (outputs[name] - reference).abs().max().item()
         if diff > 1e-4 * max(1.0, reference.abs().max().item()):
             raise RuntimeError(f"{name} output differs from plain by {diff:.3g}")
@@ -276,42 +316,47 @@ def _coordinate(setting: Setting, checkpoint: str,
         "intra_op_threads_in_layers": threads_seen,
         "first_step_peak_mib": first_mib,
     }
+    anchor = "torchgpipe"
     if not setting.memory_only:
         result.update(_time(setting, conns))
+        anchor = result["torchgpipe_anchor"]
     run_mib = {}
-    for name in NAMES:
+    for name in names:
         conns[name].send(None)
         run_mib[name] = _recv(conns, name)
     result["run_peak_mib"] = run_mib
     for key in ("first_step_peak_mib", "run_peak_mib"):
         mib = result[key]
-        if mib["pipetrain"] is not None and mib["torchgpipe"]:
+        if mib["pipetrain"] is not None and mib[anchor]:
             result[key.replace("_mib", "_pipetrain_over_torchgpipe")] = \
-                mib["pipetrain"] / mib["torchgpipe"]
+                mib["pipetrain"] / mib[anchor]
     return result
 
 
 def _time(setting: Setting, conns: dict[str, Connection]) -> dict[str, Any]:
-    for name in NAMES:
+    names = list(conns)
+    for name in names:
         conns[name].send((setting.warmup, 0))
         _recv(conns, name)
-    times: dict[str, list[float]] = {name: [] for name in NAMES}
+    times: dict[str, list[float]] = {name: [] for name in names}
     num_rounds = -(-setting.repetitions // setting.block)
     for r in range(num_rounds):
-        for k in range(len(NAMES)):
-            name = NAMES[(r + k) % len(NAMES)]
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
             # one untimed step first: the previous implementation's threads settle
             conns[name].send((1, min(setting.block, setting.repetitions - r * setting.block)))
             times[name].extend(_recv(conns, name))
-    medians = {name: statistics.median(times[name]) for name in NAMES}
+    medians = {name: statistics.median(times[name]) for name in names}
     quartiles = {name: statistics.quantiles(times[name], n=4) if len(times[name]) > 1
-                 else [times[name][0]] * 3 for name in NAMES}
-    throughput = {name: setting.batch / medians[name] for name in NAMES}
+                 else [times[name][0]] * 3 for name in names}
+    throughput = {name: setting.batch / medians[name] for name in names}
+    anchor = min((n for n in names if library(n) == "torchgpipe"), key=medians.__getitem__)
     return {
-        "median_step_ms": {name: medians[name] * 1e3 for name in NAMES},
-        "step_ms": {name: [t * 1e3 for t in times[name]] for name in NAMES},
-        "quartiles_step_ms": {name: [q * 1e3 for q in quartiles[name]] for name in NAMES},
+        "torchgpipe_anchor": anchor,
+        "median_step_ms": {name: medians[name] * 1e3 for name in names},
+        "step_ms": {name: [t * 1e3 for t in times[name]] for name in names},
+        "quartiles_step_ms": {name: [q * 1e3 for q in quartiles[name]] for name in names},
         "throughput_samples_per_s": throughput,
-        "ratio_pipetrain_over_torchgpipe": throughput["pipetrain"] / throughput["torchgpipe"],
+        "ratio_pipetrain_over_torchgpipe": throughput["pipetrain"] / throughput[anchor],
         "ratio_pipetrain_over_plain": throughput["pipetrain"] / throughput["plain"],
     }

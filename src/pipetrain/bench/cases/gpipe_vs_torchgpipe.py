@@ -26,7 +26,7 @@ from typing import Any
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
 from pipetrain.bench.cases.torchgpipe_paper_tables import GOAL_MEMORY, GOAL_SPEED
 from pipetrain.bench.drawings import bars, find_table, texts
-from pipetrain.bench.gpipe_runs import MODES, NAMES, Setting, run_mode
+from pipetrain.bench.gpipe_runs import MODES, ONE_THREAD, Setting, run_mode
 from pipetrain.bench.harness import spread_warnings
 
 __all__ = ["CASE", "MEMORY_SETTINGS", "OPTION_SETS", "TIME_SETTING", "draw", "run"]
@@ -62,7 +62,9 @@ def _time_table(runs: list[tuple[str, Setting, dict[str, Any]]]) -> Table:
     rows = []
     for options, _, r in runs:
         ms = r["median_step_ms"]
-        rows.append([options, *(round(ms[n], 2) for n in NAMES),
+        anchor = r["torchgpipe_anchor"]
+        rows.append([options, round(ms["pipetrain"], 2), round(ms[anchor], 2),
+                     _threads(anchor, r["torch_threads"]), round(ms["plain"], 2),
                      round(r["ratio_pipetrain_over_torchgpipe"], 2),
                      round(r["ratio_pipetrain_over_plain"], 2)])
     setting = runs[0][1]
@@ -70,13 +72,15 @@ def _time_table(runs: list[tuple[str, Setting, dict[str, Any]]]) -> Table:
         title=f"GPipe step time: {setting.describe()}, batch {setting.batch}, balance "
               f"{list(setting.balance)}, {setting.chunks} chunks, {runs[0][2]['checkpoint']}, "
               f"{setting.repetitions} timed steps",
-        columns=["pipetrain options", "pipetrain ms", "torchgpipe ms", "plain ms",
+        columns=["pipetrain options", "pipetrain ms", "torchgpipe ms", "torchgpipe threads",
+                 "plain ms",
                  "pipetrain / torchgpipe throughput", "pipetrain / plain throughput"],
         rows=rows,
-        anchor="torchgpipe 0.0.7 (same balance, chunks, checkpoint mode) and the plain "
-               "nn.Sequential, each in its own process, interleaved in blocks of "
+        anchor="torchgpipe 0.0.7 (same balance, chunks, checkpoint mode) at torch's default "
+               "intra-op threads and at one thread, the faster of the two shown, and the "
+               "plain nn.Sequential, each in its own process, interleaved in blocks of "
                f"{setting.block} steps with pipetrain's; medians",
-        notes="Each row is its own three processes (torchgpipe and plain measured again). "
+        notes="Each row is its own processes (torchgpipe and plain measured again). "
               "The opt-in tricks trade memory or process-wide OpenMP state for speed on the "
               "CPU; a throughput ratio above 1 is faster than the anchor.",
         key="time",
@@ -85,12 +89,18 @@ def _time_table(runs: list[tuple[str, Setting, dict[str, Any]]]) -> Table:
                for options, _, r in runs if options == "defaults"])
 
 
+def _threads(runner: str, default: int) -> str:
+    """The intra-op threads a runner ran with, in words."""
+    return "1" if runner.endswith(ONE_THREAD) else f"{default} (torch's default)"
+
+
 def _memory_table(runs: list[tuple[Setting, dict[str, Any]]]) -> Table:
     rows = []
     for setting, r in runs:
         first = r["first_step_peak_mib"]
         rows.append([f"{setting.describe()}, batch {setting.batch}", r["checkpoint"],
-                     *(_mib(first[n]) for n in NAMES),
+                     *(_mib(first[n]) for n in ("pipetrain", r.get("torchgpipe_anchor",
+                                                                    "torchgpipe"), "plain")),
                      _ratio(r.get("first_step_peak_pipetrain_over_torchgpipe")),
                      _ratio(r.get("run_peak_pipetrain_over_torchgpipe"))])
     return Table(
@@ -132,8 +142,8 @@ def run(context: BenchContext) -> BenchResult:
     data = {"time": [{"pipetrain_options": label, "setting": asdict(s), "result": r}
                      for label, s, r in timed],
             "memory": [{"setting": asdict(s), "result": r} for s, r in memory]}
-    samples = {f"{label} {name}": r["step_ms"][name] for label, _, r in timed
-               for name in NAMES}
+    samples = {f"{label} {name}": times for label, _, r in timed
+               for name, times in r["step_ms"].items()}
     return BenchResult(tables=[_time_table(timed), _memory_table(memory)], data=data,
                        warnings=spread_warnings(samples))
 

@@ -38,24 +38,12 @@ from typing import Any
 import torch
 
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, wrap
+from pipetrain.bench.gpipe_runs import ONE_THREAD, library
 from pipetrain.bench.harness import CpuWindow, PeakMemory, foreign_load, memory_available
 
 __all__ = ["ONE_THREAD", "Runners", "Setting", "library", "serve"]
 
 _LEARNING_RATE = 1e-3
-ONE_THREAD = "@1"
-"""Suffix of a runner run at one intra-op thread (``torchgpipe@1``): torchgpipe's best
-setting on a small CPU, where its device thread and autograd's each start an OpenMP team."""
-
-
-def library(runner: str) -> str:
-    """What ``runner`` trains with (``torchgpipe@1`` is ``torchgpipe`` at one thread).
-
-    Example:
-        >>> library("torchgpipe@1"), library("plain")
-        ('torchgpipe', 'plain')
-    """
-    return runner.removesuffix(ONE_THREAD)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
