@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from pipetrain.bench.case import BenchContext
 from pipetrain.bench.cases import schedules
 from pipetrain.bench.cases._schedules_sim import (
     SCHEDULES,
@@ -25,7 +24,6 @@ from pipetrain.bench.cases._schedules_sim import (
 )
 from pipetrain.bench.cases._schedules_table import COLUMNS, draw_schedules, schedules_table
 from pipetrain.bench.harness import Sample, dump_json
-from pipetrain.bench.registry import load_case
 from pipetrain.schedule import build_schedule, simulate
 
 EVERY = {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v",
@@ -150,18 +148,3 @@ def test_the_table_from_given_measurements(tmp_path: Path) -> None:
     assert schedules_table(recorded).rows == json.loads(dump_json(table.rows))
     names = draw_schedules([table], recorded, tmp_path)
     assert names == ["schedules_mlp.png"] and (tmp_path / names[0]).stat().st_size > 0
-
-
-@pytest.mark.distributed
-@pytest.mark.timeout(120)
-def test_the_whole_case_at_quick_size(tmp_path: Path) -> None:
-    result = load_case("schedules").run(BenchContext(quick=True, out=tmp_path,
-                                                     progress=lambda line: None))
-    (table,) = result.tables
-    assert {row[2] for row in table.rows} == EVERY
-    measured = [row for row in table.rows if row[1] == 2]
-    assert len(measured) == len(EVERY) and all(row[3] and row[3] > 0 for row in measured)
-    case = load_case("schedules")
-    assert case.draw is not None
-    assert case.draw(result.tables, result.data, tmp_path) == ["schedules_mlp.png"]
-    assert (tmp_path / "schedules_mlp.png").stat().st_size > 0

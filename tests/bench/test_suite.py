@@ -19,6 +19,7 @@ import pytest
 from pipetrain.bench import docs, registry, suite
 from pipetrain.bench.case import Case
 from pipetrain.cli.main import main
+from pipetrain.schedule import TRAINING_SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -330,3 +331,10 @@ def test_the_whole_suite_runs_at_quick_size(tmp_path: Path) -> None:
         assert meta["machine"]["cores"] and meta["machine"]["load_average_after"] is not None
         assert meta["versions"]["pipetrain"] and meta["versions"]["torch"]
         assert f"[{registry.case_names().index(name) + 1}/" in done.stderr
+    # the schedules case at quick size: every schedule simulated, each measured at K = 2,
+    # and its picture drawn
+    (table,) = json.loads((out / "schedules.json").read_text())["tables"]
+    assert {row[2] for row in table["rows"]} == set(TRAINING_SCHEDULES)
+    measured = [row for row in table["rows"] if row[1] == 2]
+    assert len(measured) == len(TRAINING_SCHEDULES) and all(row[3] and row[3] > 0 for row in measured)
+    assert (out / "schedules_mlp.png").stat().st_size > 0

@@ -333,8 +333,8 @@ def test_recording_a_step_costs_no_more_late_in_a_long_run(tmp_path: Path) -> No
     16 ms at 2k steps and 766 ms at 100k). Records of 20,000 synthetic steps, each with
     the work of a real one (the record, its measure, TensorBoard; the fsync of a
     checkpoint every 100 steps): the cost of a step's records over steps 16,000-20,000
-    is within 25% of that over steps 1,000-5,000 (compared with each other, not with a
-    number), and the memory that Python allocates for the records does not grow with
+    is within 50% of that over steps 1,000-5,000 (compared with each other, not with a
+    number; the bug made it 50 times larger), and the memory that Python allocates for the records does not grow with
     the steps."""
     records = _records(tmp_path)
     records.write()
@@ -363,7 +363,7 @@ def test_recording_a_step_costs_no_more_late_in_a_long_run(tmp_path: Path) -> No
         return sorted(means)[len(means) // 2]
 
     early, late = typical(1_000, 5_000), typical(16_000, 20_000)
-    assert late < 1.25 * early, f"{late * 1e6:.0f} us per step late, {early * 1e6:.0f} us early"
+    assert late < 1.5 * early, f"{late * 1e6:.0f} us per step late, {early * 1e6:.0f} us early"
     grown = traced[20_000] - traced[5_000]
     assert grown < 256 * 1024, f"the records' memory grew by {grown} bytes over 15,000 steps"
     assert len(_lines(tmp_path)) == 20_000

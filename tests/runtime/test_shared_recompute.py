@@ -188,9 +188,10 @@ class Slow(nn.Module):
 
 
 def test_gpipe_workers_rebuild_each_others_graphs_with_the_same_gradients():
-    """While the last partition runs its (slow) backwards, the first partition's worker
-    waits for gradients: with recompute_ahead=1 (opt-in: one graph more per partition)
-    it rebuilds the last partition's next graphs meanwhile."""
+    """While the last partition runs its (slow) backwards on the caller's thread, the
+    workers wait: with recompute_ahead=1 (opt-in: one graph more per partition) they
+    rebuild the last partition's next graphs meanwhile (which worker gets to one first
+    depends on the machine's load)."""
     torch.manual_seed(0)
     first, last = Recorded(), Recorded()
     model = nn.Sequential(first, last, Slow())
@@ -200,7 +201,7 @@ def test_gpipe_workers_rebuild_each_others_graphs_with_the_same_gradients():
     gpipe = pipetrain.GPipe(model, [1, 2], devices=["cpu", "cpu"], chunks=4,
                             checkpoint="always", recompute_ahead=1)
     gpipe(x).square().sum().backward()
-    assert "pipetrain-stage-0" in last.recomputed  # partition 1's graphs, built by worker 0
+    assert any(name.startswith("pipetrain-stage-") for name in last.recomputed), last.recomputed
     assert gpipe._local is not None and gpipe._local.sharing is not None
     assert gpipe._local.sharing.helped >= 1
     for p, q in zip(gpipe.parameters(), reference.parameters()):
