@@ -149,11 +149,14 @@ def test_fused_layers_write_into_the_kept_buffers_and_leave_input_grads_alone(ca
     for p in module.parameters():
         p.grad = torch.zeros_like(p)
     pool = GradientPool()
-    pool.release(module.parameters())
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    for m in linears:  # as if an earlier step had fused them
+        pool.lend(m.weight, m.weight.grad)
+    pool.release(module.parameters())
     kept = {id(m.weight): pool.take(m.weight) for m in linears}
     for m in linears:  # put them back: take() hands a buffer out once
         m.weight.grad = kept[id(m.weight)]
+        pool.lend(m.weight, m.weight.grad)
     pool.release(module.parameters())
     x = _hidden(7, width).requires_grad_(True)
     before = torch.full_like(x, 3.0)
@@ -206,6 +209,7 @@ def test_small_weights_are_left_to_autograd_by_default() -> None:
         pool = GradientPool()
         lin.weight.grad = torch.zeros_like(lin.weight)
         buffer = lin.weight.grad
+        pool.lend(lin.weight, buffer)  # as if an earlier step had fused it
         pool.release([lin.weight])
         x = torch.randn(4, lin.in_features, requires_grad=True)
         fused_backward([lin(x)], [torch.ones(4, lin.out_features)], [x], list(lin.parameters()),

@@ -21,10 +21,28 @@ def test_a_released_buffer_is_taken_back():
     w.grad = torch.ones(3, 3)
     buffer = w.grad
     pool = GradientPool()
+    pool.lend(w, buffer)  # a fused accumulation made it
     pool.release([w])
     assert w.grad is None
     assert pool.take(w) is buffer
     assert pool.take(w) is None  # taken once
+
+
+def test_a_gradient_autograd_made_is_dropped_not_kept():
+    """Bug: the pool kept every gradient at the end of a step, also those no fused
+    accumulation would take back (biases, norms, embeddings, weights too small to
+    fuse): autograd made fresh ones next step, and the kept copies added one gradient's
+    size to each Pipeline worker's peak."""
+    w, b = _weight(), nn.Parameter(torch.zeros(3))
+    pool = GradientPool()
+    w.grad, b.grad = torch.ones(3, 3), torch.ones(3)
+    dropped = weakref.ref(b.grad)
+    pool.lend(w, w.grad)
+    pool.release([w, b])
+    assert b.grad is None and dropped() is None and len(pool) == 1
+    w.grad = torch.ones(3, 3)  # a step where w was not fused: its kept buffer goes too
+    pool.release([w])
+    assert len(pool) == 0 and w.grad is None
 
 
 def test_lent_buffers_are_not_kept_by_default():
@@ -75,6 +93,7 @@ def test_a_buffer_of_another_shape_is_not_reused():
     w = _weight()
     pool = GradientPool()
     w.grad = torch.ones(3, 3)
+    pool.lend(w, w.grad)
     pool.release([w])
     w.data = torch.zeros(4, 4)
     assert pool.take(w) is None
@@ -142,3 +161,18 @@ def test_gpipe_leaves_gradients_the_user_kept_untouched():
     assert torch.equal(kept[0], first)
     assert kept[1].data_ptr() != kept[0].data_ptr()
     assert not torch.equal(kept[1], first)
+
+
+def test_a_stage_keeps_only_the_gradients_it_writes_into_again():
+    stage = StageCompute(nn.Sequential(nn.Linear(512, 512), nn.LayerNorm(512)),
+                         stage_index=0, device=torch.device("cpu"))
+    linear = stage.module[0]
+    for key in range(2):
+        stage.forward(key, torch.randn(3, 512), checkpointed=False)
+        stage.backward(key, [torch.ones(3, 512)])
+        norm_grad = weakref.ref(stage.module[1].weight.grad)
+        weight_grad = linear.weight.grad
+        stage.release_gradients()
+        assert norm_grad() is None  # autograd made it: dropped, as zero_grad() drops it
+        assert len(stage.gradient_pool) == 1  # the fused weight's, for the next step
+    assert stage.gradient_pool.take(linear.weight) is weight_grad

@@ -150,6 +150,7 @@ class ReusingGradientPool(GradientPool):
     def lend(self, param: torch.Tensor, buffer: torch.Tensor) -> None:
         """``buffer`` became ``param.grad``: take its memory back once nobody refers to
         ``buffer`` (CPU buffers only: CUDA's caching allocator reuses memory itself)."""
+        super().lend(param, buffer)
         if buffer.device.type == "cpu":
             # the pool's own tensor over the memory; it does not keep ``buffer`` alive
             self._lent[id(param)] = (weakref.ref(buffer), buffer.detach())
