@@ -7,10 +7,10 @@ import time
 import pytest
 
 from helpers.distributed import run_workers
-from pipetrain.launch.processes import run_processes
 from helpers.pipeline_jobs import construction_error_job, killed_peer_job, mismatched_job
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import Layout
+from pipetrain.launch.processes import run_processes
 
 pytestmark = pytest.mark.distributed
 

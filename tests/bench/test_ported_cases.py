@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipetrain.bench import registry
+from pipetrain.bench import gpipe_runs, registry
 from pipetrain.bench.case import BenchContext, SkipCase
 from pipetrain.bench.cases import (
     async_convergence,
@@ -21,7 +21,6 @@ from pipetrain.bench.cases import (
     vs_torch_pipelining,
 )
 from pipetrain.bench.cases.pipedream_traffic import find_profiles
-from pipetrain.bench import gpipe_runs
 from pipetrain.bench.gpipe_runs import Setting
 from pipetrain.bench.vs_torch.analysis import compare
 from pipetrain.bench.vs_torch.options import SCHEDULES, Options

@@ -141,7 +141,7 @@ def runners(setting: Setting) -> tuple[str, ...]:
     """
     one_thread = (setting.anchor_one_thread and not setting.memory_only
                   and setting.device == "cpu" and setting.threads != 1)
-    return NAMES + (f"torchgpipe{ONE_THREAD}",) if one_thread else NAMES
+    return (*NAMES, f"torchgpipe{ONE_THREAD}") if one_thread else NAMES
 
 
 def build_model(setting: Any) -> nn.Sequential:

@@ -129,7 +129,7 @@ def run_processes(
 
     if start not in _STARTS:
         raise ValueError(f"start={start!r} is not a way to start ranks; fix: one of {_STARTS}")
-    context = mp.get_context(start)
+    context: Any = mp.get_context(start)  # spawn or forkserver: both have Process
     environment = None
     if start == "forkserver":
         context.set_forkserver_preload(_PRELOAD)  # read when the server starts, once

@@ -198,12 +198,14 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
     gpipe = params[1]
     base_t, base_a = PAPER["naive-1"]
     rows: list[list[Any]] = []
+    per_blocks: list[float | None] = []
     for runner, result, n in zip(RUNNERS, found, params):
         search = result["search"]
         paper = PAPER.get(runner.paper_row or "")
         fitting = [r for r in result["records"] if r["fits"] and r["depth"] == search["largest"]]
         peak = max(fitting[0]["peak_mib"]) if fitting else None
         per_block = _per_block(result["records"], runner.workers)
+        per_blocks.append(per_block)
         blocks = f"{search['largest']}" + (f" (search stopped: {search['stopped']})"
                                            if search["stopped"] else "")
         if not search["trials"]:
@@ -245,10 +247,27 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
                f"TPU's: a TPU's memory holds no code, and the paper grows AmoebaNet in width "
                f"as well."),
     )
-    return [main, _checks(params, gpipe)]
+    return [main, _checks(params, gpipe, _buffers_note(per_blocks, weights_mib / 4))]
 
 
-def _checks(params: list[int], gpipe: int) -> Table:
+def _buffers_note(per_blocks: list[float | None], param_mib: float) -> str:
+    """What a Pipeline worker holds per block beyond GPipe's single partition, measured
+    (the MiB per block of pipeline-1 (Pipeline) minus pipeline-1 (GPipe)), in buffers of
+    one block's parameters (``param_mib``).
+
+    Example:
+        >>> _buffers_note([None, 2.0, 3.0], 1.0).split(" (")[1]
+        '+1.0 parameter-sized buffers per block).'
+    """
+    gpipe, pipeline = per_blocks[1], per_blocks[2]
+    if gpipe is None or pipeline is None:
+        return "The MiB per block of the two single-worker rows were not both measured."
+    return (f"A Pipeline worker holds {pipeline:.1f} MiB per block against {gpipe:.1f} for "
+            f"GPipe's single partition ({(pipeline - gpipe) / param_mib:+.1f} "
+            "parameter-sized buffers per block).")
+
+
+def _checks(params: list[int], gpipe: int, buffers: str) -> Table:
     naive, pipe1, pipe2, pipe4 = params[0], params[2], params[3], params[4]
     t1, t2, t4 = PAPER["pipeline-1"][0], PAPER["pipeline-2"][0], PAPER["pipeline-4"][0]
     lines = [
@@ -267,12 +286,10 @@ def _checks(params: list[int], gpipe: int) -> Table:
                  anchor="the ratios of the sizes table; the paper's from Huang et al. 2019, "
                         "Table 1",
                  notes=("Parameters grow a little slower than blocks (the embedding and head "
-                        "are fixed), so the ratios of parameters are slightly below those of "
-                        "blocks. A Pipeline worker holds more per block than GPipe's single "
-                        "partition (compare their MiB per block on a worker: at this width "
-                        "about one more parameter-sized buffer per block), so K = 4 is "
-                        "compared with both: with Pipeline's own K = 1 the growth is the "
-                        "pipelining's, with GPipe's it also carries that difference."))
+                        f"are fixed), so the ratios of parameters are slightly below those of "
+                        f"blocks. {buffers} K = 4 is compared with both single-worker rows: "
+                        "with Pipeline's own K = 1 the growth is the pipelining's, with "
+                        "GPipe's it also carries what a Pipeline worker holds beyond it."))
 
 
 def _verdict(value: int, base: int, goal: float) -> str:
