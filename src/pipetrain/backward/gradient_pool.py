@@ -5,9 +5,9 @@ The multi-process runtime ends a step with :meth:`GradientPool.release` in place
 accumulation made (:mod:`.split`, :mod:`.fused`), and the next step's first fused
 accumulation writes into that buffer (``torch.mm(..., out=buffer)``) instead of a fresh
 one. Every other gradient is dropped, as ``zero_grad()`` drops it: autograd makes a fresh
-one next step, and a kept copy would only add its size to the peak. On a CPU, which has no caching
-allocator, a fresh buffer page-faults through every byte on its first write; on a GPU
-the write simply needs no allocation.
+one next step, and a kept copy would only add its size to the peak. On a CPU, which has
+no caching allocator, a fresh buffer page-faults through every byte on its first write;
+on a GPU the write simply needs no allocation.
 
 Reusing the buffers of gradients the *user* dropped (``zero_grad()`` in a single-process
 ``GPipe``) is a CPU tuning, asked for with ``GPipe(reuse_gradient_buffers=True)``: see

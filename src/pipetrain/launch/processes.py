@@ -112,9 +112,9 @@ def run_processes(
     imported torch and pipetrain once (started on first use, kept for later jobs): a rank
     starts in a fraction of a second instead of seconds. Each rank sees ``os.environ`` as it
     is at the call, but settings a library reads when it loads (OpenMP's) are the server's:
-    keep ``"spawn"`` to measure, or to vary such settings between jobs. With ``expect_errors`` each rank's outcome is returned as
-    ``("ok", value)``, ``("error", traceback text)`` or ``("missing", None)`` instead of
-    raising. Each rank runs with ``OMP_NUM_THREADS`` (default 1) intra-op threads.
+    keep ``"spawn"`` to measure, or to vary such settings between jobs. With
+    ``expect_errors`` each rank's outcome is returned as ``("ok", value)``, ``("error",
+    traceback text)`` or ``("missing", None)`` instead of raising. Each rank runs with ``OMP_NUM_THREADS`` (default 1) intra-op threads.
 
     Raises:
         ProcessesFailed: a rank raised, or gave no result within ``timeout`` seconds.
