@@ -122,6 +122,7 @@ def test_the_fused_backward_fuses_on_this_torch() -> None:
     for lin in (model[0], model[2]):
         lin.weight.grad = torch.full_like(lin.weight, float("nan"))
         buffers[id(lin.weight)] = lin.weight.grad
+        pool.lend(lin.weight, lin.weight.grad)   # as a fused accumulation last step would
     pool.release(model.parameters())
     fused_backward([out.square().sum()], [None], [x], list(model.parameters()), pool=pool,
                    min_elements=0)
