@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from helpers import mesh_jobs
 from helpers.distributed import run_workers
@@ -118,3 +119,57 @@ def test_every_rank_creates_the_link_groups_of_every_tensor_parallel_index() -> 
     every tp index's placement in one order: rank g's links are to g +- 2 only."""
     results = run_workers(mesh_jobs.link_groups_job, 4, timeout=120)
     assert results == [[(0, 2), (2, 0)], [(1, 3), (3, 1)], [(0, 2), (2, 0)], [(1, 3), (3, 1)]]
+
+
+def test_hugging_face_llama_layers_compute_the_model_and_refuse_what_they_cannot_split() -> None:
+    """The layers run the model's own modules (its logits exactly); a tied model and heads
+    that do not divide among the ranks are refused with the fix."""
+    from torch import nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from helpers import llama_jobs
+    from pipetrain.models.llama_layers import llama_layers, llama_tensor_parallel_plan
+
+    model = llama_jobs.llama()
+    x, _ = llama_jobs.batches(1)[0]
+    layers = nn.Sequential(*(factory() for factory in llama_layers(model)))
+    assert torch.equal(layers(x), model(input_ids=x).logits)
+    tied = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16,
+                                        num_hidden_layers=1, num_attention_heads=2,
+                                        tie_word_embeddings=True))
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):
+        llama_layers(tied)
+    with pytest.raises(ValueError, match="not a Llama causal language model"):
+        llama_layers(nn.Linear(2, 2))
+
+    class ThreeRanks:
+        def size(self) -> int:
+            return 3
+
+    with pytest.raises(ValueError, match="must divide among 3 tensor-parallel ranks"):
+        llama_tensor_parallel_plan(1, layers[1], ThreeRanks())  # type: ignore[arg-type]
+
+
+def test_hugging_face_llama_at_2_1_2_and_2_2_2_fsdp_trains_as_one_process() -> None:
+    """Grouped-query attention split by heads, the MLP by its width, sequence lengths that
+    change between steps: the losses and weights of one process."""
+    from helpers import llama_jobs
+
+    params, losses = llama_jobs.reference(4)
+    runs = [(4, [dict(num_stages=2, tensor_parallel=2, num_microbatches=2, schedule="1f1b")]),
+            (8, [dict(num_stages=2, replicas=2, tensor_parallel=2, num_microbatches=1,
+                      data_parallel="fsdp", schedule="gpipe")])]
+    for world, configs in runs:
+        results = run_workers(llama_jobs.tp_job, world, configs, 4, timeout=300)
+        merged: dict[str, Any] = {}
+        for rank_results in results:
+            merged.update(rank_results[0][0])
+        assert set(merged) == set(params)
+        worst = max(float((merged[k] - params[k]).abs().max()) for k in params)
+        loss_error = max(abs(a - b) for a, b in zip(results[0][0][1], losses))
+        assert worst < TOLERANCE and loss_error < TOLERANCE, (configs, worst, loss_error)
+        split = {name.split(".", 3)[-1] for rank_results in results for name in rank_results[0][2]}
+        assert split == {f"{m}.weight" for m in ("self_attn.q_proj", "self_attn.k_proj",
+                                                 "self_attn.v_proj", "self_attn.o_proj",
+                                                 "mlp.gate_proj", "mlp.up_proj",
+                                                 "mlp.down_proj")}, split
