@@ -67,3 +67,24 @@ def test_plans_that_do_not_fit_the_run_are_refused(tmp_path: Path) -> None:
     assert "cuts 6 layers" in done.stderr and "the model has 4 layers" in done.stderr
     done = _train("--balance", "1,1", timeout=60)
     assert done.returncode == 2 and "--balance 1,1 gives 2 stages of 2 layers" in done.stderr
+
+
+def test_a_plan_that_chose_fsdp_trains_with_fsdp_unless_told_otherwise(tmp_path: Path) -> None:
+    from pipetrain.cli.main import build_parser
+    from pipetrain.cli.train_checks import prepare
+
+    plan = Plan(stages=(PlanStage(nodes=(0, 1), replicas=2), PlanStage(nodes=(2, 3), replicas=2)),
+                cost_model="pipetrain", time_per_step=1.0, num_workers=4, schedule="1f1b",
+                num_microbatches=2, checkpoint="never", data_parallel="fsdp",
+                replicated_memory=1e9)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    small = ["train", "--layers", "2", "--width", "32", "--heads", "2", "--context", "32",
+             "--batch-size", "8", "--sample-bytes", "0", "--plan", str(path)]
+    config, _, problems = prepare(build_parser().parse_args(small))
+    assert problems == [] and config.fsdp and config.source("fsdp") == "plan"
+    assert (config.stages, config.replicas, config.schedule) == (2, 2, "1f1b")
+    plan = Plan.from_dict({**plan.to_dict(), "data_parallel": "replicate"})
+    plan.save(path)
+    config, _, problems = prepare(build_parser().parse_args(small))
+    assert problems == [] and not config.fsdp

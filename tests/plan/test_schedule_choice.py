@@ -284,3 +284,34 @@ def test_a_given_layout_gets_its_best_choices() -> None:
     with pytest.raises(ValueError, match=r"balance \[2, 1\] with replicas \[1, 1\] is not a "
                                          r"layout of this profile's 4 layers"):
         plan_for_layout(_random_profile(rng, 4), [2, 1], [1, 1], config)
+
+
+def test_under_a_memory_limit_fsdp_is_chosen_where_whole_copies_do_not_fit() -> None:
+    """Two layers of 100 MB of parameters with AdamW (400 MB of weight memory each) on 8
+    workers: whole copies need 400 MB per worker at best (one layer per stage); FSDP over
+    4 replicas holds a quarter shard plus the gathered parameters and gradients, 300 MB.
+    Without a limit (or with room for whole copies) the replicated plan is kept."""
+    from pipetrain.plan.table import render_plan
+
+    mb = 1_000_000
+    layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0,
+                                parameter_bytes=100 * mb, optimizer_bytes=200 * mb,
+                                output_bytes=1000) for k in range(2))
+    profile = Profile(layers=layers, batch_size=8)
+
+    def plan(memory: float | None) -> Plan:
+        return plan_pipetrain(profile, PlannerConfig(topology=Topology.flat(8, 1e12),
+                                                     memory_limit=memory))
+
+    fitted = plan(350 * mb)
+    assert fitted.data_parallel == "fsdp"
+    assert [s.replicas for s in fitted.stages] == [4, 4]
+    assert max(s.memory_per_worker or 0 for s in fitted.stages) == pytest.approx(300 * mb, rel=0.01)
+    assert fitted.replicated_memory == pytest.approx(400 * mb, rel=0.01)
+    assert Plan.from_json(fitted.to_json()) == fitted
+    text = render_plan(fitted)
+    assert "FSDP" in text and "over the limit" in text and "4 replicas" in text
+    for roomy in (None, 450 * mb):
+        assert plan(roomy).data_parallel in (None, "replicate")
+    with pytest.raises(ValueError, match="memory"):
+        plan(250 * mb)  # not even FSDP fits

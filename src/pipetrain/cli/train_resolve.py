@@ -152,8 +152,8 @@ def _schedule_file(config: RunConfig) -> None:
 
 def _plan(config: RunConfig) -> None:
     """A plan's layout (stages, replicas per stage, cut) and, where not given, its
-    schedule, micro-batches and checkpoint mode (a plan that cannot be read is left to
-    the layout's check, which names the problem)."""
+    schedule, micro-batches, checkpoint mode and FSDP (a plan that cannot be read is left
+    to the layout's check, which names the problem)."""
     from pipetrain.api.plan_config import plan_balance
     from pipetrain.plan import Plan
 
@@ -170,8 +170,9 @@ def _plan(config: RunConfig) -> None:
                               "balance": ",".join(map(str, balance)),
                               "replicas": replicas[0] if even else 1,
                               "stage_replicas": None if even else replicas}
+    fsdp = True if plan.data_parallel == "fsdp" else None
     for option, value in (("schedule", plan.schedule), ("microbatches", plan.num_microbatches),
-                          ("checkpoint", plan.checkpoint)):
+                          ("checkpoint", plan.checkpoint), ("fsdp", fsdp)):
         if value is not None and not config.given(option):
             values[option] = value
     config.set("plan", **{k: v for k, v in values.items()

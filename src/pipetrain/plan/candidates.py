@@ -55,6 +55,7 @@ from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_prof
 from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
 from pipetrain.plan.profile import Profile
 from pipetrain.plan.search import FlatSearch, Stages, replicas_per_stage
+from pipetrain.schedule.async_stream import ASYNC_SCHEDULES
 from pipetrain.schedule.replicated import REPLICATED_SCHEDULES
 
 __all__ = [
@@ -266,9 +267,12 @@ def step_microbatch_counts(profile: Profile, config: PlannerConfig) -> tuple[int
     return tuple(sorted({m * d for m in config.num_microbatches for d in range(1, first + 1)}))
 
 
-def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...]]]:
-    """``(group, schedules)`` per search of one (N, checkpoint); group 0: any replicas.
-    Groups of more replicas than ``num_microbatches`` cannot run, and are left out."""
+def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...], str]]:
+    """``(group, schedules, data_parallel)`` per search of one (N, checkpoint); group 0:
+    any replicas. Groups of more replicas than ``num_microbatches`` cannot run, and are
+    left out. Under a memory limit, FSDP over groups of 2 or more replicas too (one
+    ``dp`` size for every stage, and schedules that neither split backwards nor keep
+    several weight versions)."""
     workers = config.topology.num_workers
     schedules = config.schedules or PLANNED_SCHEDULES
     free = tuple(s for s in schedules if s in REPLICATED_SCHEDULES or config.straight)
@@ -285,8 +289,12 @@ def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tupl
         whole = tuple(n for n in names if not splits_backward(n))
         return [group for group in (whole, halves) if group]
 
-    return [(0, group) for group in split(free)] + [
-        (d, group) for group in split(uniform) for d in sizes]
+    kinds = [(0, group, "replicate") for group in split(free)] + [
+        (d, group, "replicate") for group in split(uniform) for d in sizes]
+    if config.memory_limit is None:
+        return kinds
+    sharded = tuple(s for s in schedules if not splits_backward(s) and s not in ASYNC_SCHEDULES)
+    return kinds + [(d, group, "fsdp") for group in split(sharded) for d in sizes if d > 1]
 
 
 def searches(profile: Profile, config: PlannerConfig, *,
@@ -302,10 +310,10 @@ def searches(profile: Profile, config: PlannerConfig, *,
     for n in step_microbatch_counts(profile, config):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)
         for checkpoint in modes:
-            for size, schedules in _kinds(config, n):
+            for size, schedules, data_parallel in _kinds(config, n):
                 model: CostModel = PipetrainCostModel(
                     Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint,
-                              per_replica=config.num_microbatches),
+                              per_replica=config.num_microbatches, data_parallel=data_parallel),
                     num_workers=workers,
                 )
                 units = workers

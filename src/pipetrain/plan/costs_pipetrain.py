@@ -62,6 +62,7 @@ from pipetrain.schedule import Op, build_schedule
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "DATA_PARALLEL_MODES",
     "UNRUNNABLE_BYTES",
     "UNRUNNABLE_TIME",
     "Candidate",
@@ -72,8 +73,11 @@ __all__ = [
     "recomputed_forwards",
     "splits_backward",
     "weight_versions",
+    "weights_held",
 ]
 
+DATA_PARALLEL_MODES = ("replicate", "fsdp")
+"""How the replicas of a stage hold its weights (:attr:`Candidate.data_parallel`)."""
 CHECKPOINT_MODES = ("never", "except_last", "always")
 """Re-materialization modes, as :mod:`pipetrain.checkpoint` names them."""
 UNRUNNABLE_TIME = 1e18
@@ -101,6 +105,9 @@ class Candidate:
     """The micro-batches a replica of the first stage may get, ``N`` over its replicas
     (None: any whole share of ``N``): the counts a user asked for, as
     :class:`~pipetrain.api.config.PipelineConfig` counts them."""
+    data_parallel: str = "replicate"
+    """How a stage's replicas hold its weights: each a whole copy (``replicate``), or
+    sharded by FSDP (``fsdp``: see :meth:`PipetrainCostModel.stage_memory`)."""
 
     def __post_init__(self) -> None:
         n = self.num_microbatches
@@ -110,6 +117,9 @@ class Candidate:
             raise ValueError(
                 f"checkpoint={self.checkpoint!r} must be one of {', '.join(CHECKPOINT_MODES)}"
             )
+        if self.data_parallel not in DATA_PARALLEL_MODES:
+            raise ValueError(f"data_parallel={self.data_parallel!r} must be one of "
+                             f"{', '.join(DATA_PARALLEL_MODES)}")
 
 
 def in_flight(schedule: str, *, per_replica: int, replicas: int, workers_from_stage: int,
@@ -184,6 +194,27 @@ def splits_backward(schedule: str) -> bool:
     except ValueError:
         return False
     return any(a.op is Op.BACKWARD_INPUT for actions in built.actions for a in actions)
+
+
+def weights_held(load: StageLoad, replicas: int, data_parallel: str) -> float:
+    """Bytes of parameters, gradients and optimizer state a worker of the stage holds at
+    its step's peak. Replicated: all of them. Under FSDP (pipetrain keeps a stage's
+    parameters gathered across the step's micro-batches and reduce-scatters the
+    gradients once, after its last backward): a ``1 / replicas`` shard of them, plus the
+    gathered parameters and the gathered gradients they accumulate into.
+
+    Example:
+        >>> from pipetrain.plan.costs import StageLoad
+        >>> load = StageLoad(compute_s=1.0, parameter_bytes=4.0, activation_bytes=0.0,
+        ...                  input_bytes=0.0, output_bytes=0.0, is_first=True, is_last=True,
+        ...                  weight_memory_bytes=16.0, gradient_bytes=4.0)
+        >>> weights_held(load, 4, "replicate"), weights_held(load, 4, "fsdp")
+        (16.0, 12.0)
+    """
+    if data_parallel != "fsdp" or replicas <= 1:
+        return load.weight_memory_bytes
+    gathered = load.parameter_bytes + (load.gradient_bytes or load.parameter_bytes)
+    return load.weight_memory_bytes / replicas + gathered
 
 
 def weight_versions(schedule: str, kept: int) -> int:
@@ -274,7 +305,7 @@ class PipetrainCostModel:
         activations = activation_bytes(c.schedule, c.checkpoint, kept=kept,
                                        saved_bytes=load.saved_bytes, input_bytes=load.input_bytes)
         versions = weight_versions(c.schedule, kept) * load.parameter_bytes
-        return load.weight_memory_bytes + versions + activations
+        return weights_held(load, replicas, c.data_parallel) + versions + activations
 
     def min_replicas(
         self,

@@ -21,10 +21,14 @@ the Python API read it. The JSON form (:meth:`Plan.to_dict`)::
      "single_worker_time": 0.6725, "data_parallel_time": 0.5832,
      "profile": {"source": "pipedream graph.txt", "path": "...", "num_nodes": 40,
                  "is_sequence": false, "batch_size": 1, "digest": "sha256:..."},
-     "schedule": null, "num_microbatches": null, "checkpoint": null}
+     "schedule": null, "num_microbatches": null, "checkpoint": null,
+     "data_parallel": null, "replicated_memory": null}
 
-``schedule``, ``num_microbatches`` and ``checkpoint`` are filled by cost models that
-choose them (the ``pipetrain`` model); ``null`` leaves the choice to the trainer.
+``schedule``, ``num_microbatches``, ``checkpoint`` and ``data_parallel`` are filled by
+cost models that choose them (the ``pipetrain`` model); ``null`` leaves the choice to the
+trainer. ``data_parallel: "fsdp"`` shards each stage's weights over its replicas (every
+stage has the same number), and ``replicated_memory`` says what the plan would need per
+worker with whole copies instead.
 ``num_microbatches`` counts micro-batches per replica of the first stage, as
 :class:`~pipetrain.api.config.PipelineConfig` does: a step runs ``num_microbatches x
 stages[0].replicas`` of them, dealt round-robin over each stage's replicas.
@@ -167,6 +171,11 @@ class Plan:
     schedule: str | None = None
     num_microbatches: int | None = None
     checkpoint: str | None = None
+    data_parallel: str | None = None
+    """``fsdp``: the replicas of every stage shard its weights (``pipetrain train
+    --fsdp``); ``replicate`` or None: each holds a whole copy."""
+    replicated_memory: float | None = None
+    """For an FSDP plan: the most memory per worker the same plan needs replicated."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -250,6 +259,8 @@ class Plan:
             "schedule": self.schedule,
             "num_microbatches": self.num_microbatches,
             "checkpoint": self.checkpoint,
+            "data_parallel": self.data_parallel,
+            "replicated_memory": self.replicated_memory,
         }
 
     def to_json(self) -> str:
@@ -285,6 +296,8 @@ class Plan:
             schedule=data.get("schedule"),
             num_microbatches=data.get("num_microbatches"),
             checkpoint=data.get("checkpoint"),
+            data_parallel=data.get("data_parallel"),
+            replicated_memory=data.get("replicated_memory"),
         )
 
     @staticmethod

@@ -301,7 +301,13 @@ def schedule_steps(replicas: Sequence[int], num_microbatches: int, *,
 
 
 def _beats(a: _Scored, b: _Scored) -> bool:
-    """:func:`prefer`, then the preferred schedule, then fewer micro-batches."""
+    """:func:`prefer`, then the preferred schedule, then fewer micro-batches; between
+    replicated and FSDP plans as fast as each other, the replicated one (FSDP's cost
+    beyond its collectives, a gather per layer and no fused weight-gradient backward, is
+    not modelled: it is chosen for the memory it saves, not for a tie)."""
+    if (a.candidate.data_parallel != b.candidate.data_parallel
+            and abs(a.step - b.step) <= SAME_SPEED * max(a.step, b.step)):
+        return a.candidate.data_parallel == "replicate"
     if prefer((a.step, a.memory), (b.step, b.memory)) or prefer((b.step, b.memory),
                                                                    (a.step, a.memory)):
         return prefer((a.step, a.memory), (b.step, b.memory))
@@ -366,6 +372,16 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
             memory_per_worker=model.stage_memory(load, replicas=r, workers_from_stage=after),
         ))
         after -= r
+    replicated = None
+    if candidate.data_parallel == "fsdp":  # what the same plan would need replicated
+        copies = PipetrainCostModel(dataclasses.replace(candidate, data_parallel="replicate"),
+                                    num_workers=workers)
+        after = sum(r for _, _, r in best.stages)
+        replicated = 0.0
+        for a, b, r in best.stages:
+            replicated = max(replicated, copies.stage_memory(search.load(a, b), replicas=r,
+                                                             workers_from_stage=after))
+            after -= r
     whole = CutGraph(profile, max_cuts=config.max_cuts)
     one = predicted_step([whole.load(0, whole.full)], [1], Candidate(), bandwidth=bandwidth)
     shares = CutGraph(microbatch_profile(profile, workers), max_cuts=config.max_cuts)
@@ -386,4 +402,6 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         schedule=candidate.schedule,
         num_microbatches=candidate.num_microbatches // best.stages[0][2],
         checkpoint=candidate.checkpoint,
+        data_parallel=candidate.data_parallel,
+        replicated_memory=replicated,
     )

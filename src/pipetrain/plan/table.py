@@ -108,6 +108,15 @@ def render_plan(plan: Plan) -> str:
     if memory:
         limit = f" (limit {_bytes(plan.memory_limit)})" if plan.memory_limit else ""
         lines.append(f"memory per worker: {_bytes(max(memory))} at most{limit}")
+    if plan.data_parallel == "fsdp":
+        replicated = plan.replicated_memory
+        whole = (f"; with whole copies on every replica the same stages need "
+                 f"{_bytes(replicated)} per worker"
+                 + (", over the limit" if plan.memory_limit and replicated > plan.memory_limit
+                    else "") if replicated is not None else "")
+        lines.append(f"data parallel: FSDP, each stage's parameters, gradients and optimizer "
+                     f"state sharded over its {plan.stages[0].replicas} replicas "
+                     f"(pipetrain train --fsdp){whole}")
     if plan.schedule is not None:
         per = " per replica of stage 0" if plan.stages[0].replicas > 1 else ""
         lines.append(
