@@ -35,7 +35,12 @@ __all__ = ["LlamaBlock", "LlamaEmbedding", "LlamaHead", "llama_layers",
 
 
 class LlamaEmbedding(nn.Module):
-    """The model's token embedding: token ids ``(B, T)`` -> hidden states ``(B, T, C)``."""
+    """The model's token embedding: token ids ``(B, T)`` -> hidden states ``(B, T, C)``.
+
+    Example:
+        >>> LlamaEmbedding(nn.Embedding(10, 4))(torch.zeros(2, 3, dtype=torch.long)).shape
+        torch.Size([2, 3, 4])
+    """
 
     def __init__(self, embed_tokens: nn.Embedding) -> None:
         super().__init__()
@@ -49,7 +54,14 @@ class LlamaEmbedding(nn.Module):
 class LlamaBlock(nn.Module):
     """One ``LlamaDecoderLayer``, given the rotary embedding of positions ``0 .. T-1``
     (computed here from the model's ``LlamaRotaryEmbedding``, as the model computes it
-    once for all its layers)."""
+    once for all its layers).
+
+    Example::
+
+        inner = model.model  # a LlamaForCausalLM's decoder
+        block = LlamaBlock(inner.layers[0], inner.rotary_emb)
+        block(hidden).shape  # (B, T, C), as hidden
+    """
 
     def __init__(self, layer: nn.Module, rotary_emb: nn.Module) -> None:
         super().__init__()
@@ -64,7 +76,13 @@ class LlamaBlock(nn.Module):
 
 
 class LlamaHead(nn.Module):
-    """The final norm and the output projection: hidden states -> logits ``(B, T, V)``."""
+    """The final norm and the output projection: hidden states -> logits ``(B, T, V)``.
+
+    Example:
+        >>> head = LlamaHead(nn.Identity(), nn.Linear(4, 10, bias=False))
+        >>> head(torch.zeros(2, 3, 4)).shape
+        torch.Size([2, 3, 10])
+    """
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()
