@@ -127,7 +127,7 @@ def _tensor_parallel_problems(values: Mapping[str, Any], name: str,
     unavailable = []
     if values.get("mixed_precision") is not None:
         unavailable.append(say("mixed_precision", values["mixed_precision"]))
-    if name in ASYNC_SCHEDULES or name in SPLIT_BACKWARD_SCHEDULES:
+    if name in ASYNC_SCHEDULES:
         unavailable.append(f"schedule {name!r}")
     if unavailable:
         found.append(f"{say('tensor_parallel', tp)} with {' and '.join(unavailable)} is not "
