@@ -41,13 +41,18 @@ def test_a_model_file_that_cannot_be_imported_is_named_with_its_line(tmp_path: P
 
 def test_unknown_keys_of_the_returned_dict_are_refused_with_the_known_ones(tmp_path: Path) -> None:
     model = "nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))"
-    spec = _file(tmp_path, _GOOD.replace("{RETURN}", f'{{"model": {model}, "optimizer": None, '
+    spec = _file(tmp_path, _GOOD.replace("{RETURN}", f'{{"model": {model}, "optimiser": None, '
                                                       '"splitpoints": ["1"]}'))
     with pytest.raises(ValueError) as refused:
         build_user_model(RunConfig(model=f"{spec}:build", context=8), vocab_size=256)
     message = str(refused.value)
-    assert "'optimizer', 'splitpoints' (did you mean 'split_points'?)" in message, message
-    assert "the keys it reads are model, loss, split_points" in message
+    assert ("'optimiser' (did you mean 'optimizer'?), 'splitpoints' (did you mean "
+            "'split_points'?)") in message, message
+    assert "the keys it reads are model, loss, split_points, optimizer, lr_scheduler" in message
+    not_callable = _file(tmp_path, _GOOD.replace("{RETURN}", f'{{"model": {model}, '
+                                                               '"optimizer": 0.1}'))
+    with pytest.raises(ValueError, match=r"'optimizer': 0\.1, which is not callable; fix: a factory"):
+        build_user_model(RunConfig(model=f"{not_callable}:build", context=8), vocab_size=256)
     good = _file(tmp_path, _GOOD.replace("{RETURN}", f'{{"model": {model}, "split_points": ["1"]}}'))
     built = build_user_model(RunConfig(model=f"{good}:build", context=8), vocab_size=256)
     assert isinstance(built.model, nn.Sequential) and built.split_points == ["1"]

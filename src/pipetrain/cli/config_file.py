@@ -56,6 +56,9 @@ def _tokens(option: str, value: Any, *, flag: bool) -> list[str]:
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, got {value!r}")
         return [option] if value else []
+    if isinstance(value, list) and value and all(
+            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
+        return [option, *map(str, value)]  # an option of several values (betas = [0.9, 0.95])
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         raise ValueError(f"must be a number or a string, got {value!r}")
     return [f"{option}={value}"]

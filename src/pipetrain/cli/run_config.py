@@ -70,8 +70,15 @@ class RunConfig:
     # training
     steps: int = 1000
     batch_size: int = 32
+    accumulate: int = 1
     lr: float = 1e-2
     warmup: int = 50
+    lr_schedule: str = "cosine"
+    min_lr: float | None = None
+    optimizer: str = "adamw"
+    weight_decay: float | None = None
+    betas: tuple[float, float] = (0.9, 0.95)
+    momentum: float = 0.9
     clip: float = 1.0
     seed: int = 0
     eval_every: int = 100
@@ -168,8 +175,14 @@ class RunConfig:
             layout += f" x {self.tensor_parallel} tensor-parallel"
         if self.stages_per_rank > 1:
             layout += f", {self.stages_per_rank} per rank"
-        return (f"{self.schedule}, {layout}, {self.microbatches} "
+        text = (f"{self.schedule}, {layout}, {self.microbatches} "
                 f"micro-batch{'es' * (self.microbatches != 1)}")
+        return text + (f" x {self.accumulate} accumulated" if self.accumulate > 1 else "")
+
+    @property
+    def step_batch_size(self) -> int:
+        """Sequences per optimizer step: ``--batch-size`` x ``--accumulate``."""
+        return self.batch_size * self.accumulate
 
     # -- records --------------------------------------------------------------------------
     def recorded_names(self) -> tuple[str, ...]:

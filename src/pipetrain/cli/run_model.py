@@ -95,7 +95,9 @@ def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextData
     """``Pipeline``'s model and its model arguments (``num_stages``: the model stages to
     cut into; default: the run's). Captured models are captured on a micro-batch of the
     run's data and cut at split points (theirs, or a Hugging Face model's blocks), by
-    ``--balance`` / ``--plan`` (in units), or by the planner."""
+    ``--balance`` / ``--plan`` (in units), or by the planner. A model file's
+    ``optimizer`` and ``lr_scheduler`` factories come with the arguments, under those
+    names."""
     if config.model == "gpt":
         return gpt_layer_factories(model_config, seed=config.seed), {
             "loss_fn": gpt_loss, "ties": gpt_ties(model_config)}
@@ -107,9 +109,12 @@ def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextData
                                         "split_points": splits}
     user = build_user_model(config, vocab_size=vocab_size)
     cut = config.balance not in (None, "auto") or config.plan is not None
-    return user.model, {"loss_fn": user.loss_fn, "example_inputs": (tokens,),
-                        "split_points": None if cut or num_stages == 1 else user.split_points,
-                        "weights": user.weights}
+    arguments = {"loss_fn": user.loss_fn, "example_inputs": (tokens,),
+                 "split_points": None if cut or num_stages == 1 else user.split_points,
+                 "weights": user.weights}
+    return user.model, arguments | {k: v for k, v in (("optimizer", user.optimizer),
+                                                       ("lr_scheduler", user.lr_scheduler))
+                                    if v is not None}
 
 
 def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,

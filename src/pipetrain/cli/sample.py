@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, arguments = pipeline_model(config, model_config, dataset,
                                           vocab_size=tokenizer.vocab_size, num_stages=1)
+        for training_only in ("optimizer", "lr_scheduler"):  # a model file's
+            arguments.pop(training_only, None)
         pipe = Pipeline(model, **arguments, optimizer=lambda p: torch.optim.AdamW(p),
                         config=PipelineConfig(num_stages=1, num_microbatches=1), context=context)
         pipe.load(checkpoint, set_aside=False)  # a training job may be writing it

@@ -29,7 +29,7 @@ def _option_problems(args: RunConfig) -> list[str]:
     from pipetrain.api.config import config_problems
     from pipetrain.data import load_corpus
 
-    problems = layout_problems(args) + _async_problems(args)
+    problems = layout_problems(args) + _async_problems(args) + _optimizer_problems(args)
     memory = _memory_problem(args)
     if memory is not None:
         problems.append(memory)
@@ -66,6 +66,27 @@ def _option_problems(args: RunConfig) -> list[str]:
             corpus_error = f"--data {args.data!r}: {error}"
     short = corpus_problem(args, context_fixed=args.resume is not None)
     problems += [p for p in (corpus_error or short, hf_problem(args)) if p is not None]
+    return problems
+
+
+def _optimizer_problems(args: RunConfig) -> list[str]:
+    """An optimizer's setting given to another optimizer, and a final learning rate above
+    the peak."""
+    problems = []
+    takes = {"betas": ("adamw", "adam"), "momentum": ("sgd",)}
+    for name, optimizers in takes.items():
+        if args.given(name) and args.optimizer not in optimizers:
+            problems.append(f"{flag(name, getattr(args, name))} is a setting of --optimizer "
+                            f"{' or '.join(optimizers)}, not of --optimizer {args.optimizer}; "
+                            f"fix: leave out --{name}, or --optimizer {optimizers[0]}")
+    if args.accumulate > 1 and asynchronous(args):
+        problems.append(f"--accumulate {args.accumulate} with --schedule {args.schedule}: an "
+                        "asynchronous schedule updates after every micro-batch, so there is no "
+                        "step to accumulate into; fix: leave out --accumulate, or a synchronous "
+                        "schedule (1f1b)")
+    if args.min_lr is not None and args.min_lr > args.lr:
+        problems.append(f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}: the schedule "
+                        f"decays from --lr down to --min-lr; fix: --min-lr {args.lr / 10:g}")
     return problems
 
 
@@ -118,7 +139,7 @@ def _memory_problem(args: RunConfig) -> str | None:
     width, vocab = args.width, 256
     params = args.layers * (12 * width * width + 13 * width) + (vocab + args.context) * width
     params += 0 if not asynchronous(args) else vocab * width  # an untied head
-    batch = 8 * args.batch_size * (args.context + 1)  # int64 token ids
+    batch = 8 * args.step_batch_size * (args.context + 1)  # int64 token ids
     stage = 16 * params // args.stages
     here = int(os.environ.get("LOCAL_WORLD_SIZE", args.num_workers))
     need = here * (batch + stage)
@@ -127,7 +148,8 @@ def _memory_problem(args: RunConfig) -> str | None:
     gib = 2.0**30
     return (f"this job needs at least {need / gib:,.1f} GiB on this machine, which has "
             f"{total / gib:,.1f} GiB: each of its {here} workers holds a batch of --batch-size "
-            f"{args.batch_size} x --context {args.context} token ids ({batch / gib:,.1f} GiB) and "
+            f"{args.batch_size}{f' x --accumulate {args.accumulate}' if args.accumulate > 1 else ''}"
+            f" x --context {args.context} token ids ({batch / gib:,.1f} GiB) and "
             f"its stage's weights, gradients and AdamW state ({stage / gib:,.1f} GiB for --layers "
             f"{args.layers} --width {args.width} over --stages {args.stages}); fix: a smaller "
             "--batch-size, --context, --width or --layers, or more --stages")

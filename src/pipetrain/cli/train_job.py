@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from pipetrain.api.grad_check import NonFiniteError
-from pipetrain.api.lr_schedule import lr_factor
 from pipetrain.api.mesh import mesh_record
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
@@ -38,6 +37,7 @@ from pipetrain.cli.run_model import (
 from pipetrain.cli.stop_signals import StopRequest
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
+from pipetrain.cli.train_optimizer import honour_options, optimizer_record, training_factories
 from pipetrain.cli.train_options import flag, gpt_config
 from pipetrain.cli.train_records import RunRecords
 from pipetrain.cli.train_report import (
@@ -116,20 +116,21 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         model, model_arguments = pipeline_model(args, model_config, dataset,
                                                 vocab_size=tokenizer.vocab_size)
         model_block = model_record(args, model_config, model)
+        from_file = {key: key in model_arguments for key in ("optimizer", "lr_scheduler")}
+        optimizer, lr_scheduler = training_factories(args, model_arguments)
         pipe = Pipeline(
             model,
             **model_arguments,
-            optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95),
-                                                       weight_decay=0.1),
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
-                opt, lr_factor(args.warmup, args.steps)),
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
             config=run_config(args),
             context=context,
             tensor_parallel_plan=gpt_tensor_parallel_plan if args.tensor_parallel > 1 else None,
         )
         phase(f"pipeline ready ({args.describe()})")
         try:
-            return _Run(pipe, args, dataset, tokenizer, model_block, resume, stop, verbose=verbose).run()
+            return _Run(pipe, args, dataset, tokenizer, model_block, resume, stop, verbose=verbose,
+                        from_file=from_file).run()
         finally:
             pipe.close()
     except BaseException as error:
@@ -147,8 +148,10 @@ class _Run:
 
     def __init__(self, pipe: Pipeline, args: RunConfig, dataset: TextDataset,
                  tokenizer: RunTokenizer, model_block: dict[str, Any], resume: Resume | None,
-                 stop: StopRequest, *, verbose: bool) -> None:
+                 stop: StopRequest, *, verbose: bool, from_file: dict[str, bool]) -> None:
         self.pipe, self.args, self.dataset, self.model_block = pipe, args, dataset, model_block
+        self.from_file = from_file
+        """Whether the optimizer / the LR scheduler came from the model file."""
         self.tokenizer = tokenizer
         self.resume, self.stop, self.verbose = resume, stop, verbose
         self.rank = dist.get_rank()
@@ -166,13 +169,8 @@ class _Run:
             return
         self.pipe.load(self.resume.checkpoint)  # rank 0 verifies it, sets damaged ones aside
         self.start = self.saved_step = self.pipe.step
-        for j, optimizer in self.pipe.optimizers.optimizers.items():  # honour --lr, --warmup, --steps
-            scheduler = self.pipe.optimizers.schedulers[j]
-            factor = lr_factor(self.args.warmup, self.args.steps)(scheduler.last_epoch)
-            scheduler.base_lrs = [self.args.lr for _ in optimizer.param_groups]
-            for group in optimizer.param_groups:
-                group["initial_lr"] = self.args.lr
-                group["lr"] = self.args.lr * factor
+        if not (self.from_file["optimizer"] or self.from_file["lr_scheduler"]):
+            honour_options(self.pipe, self.args)  # a model file's restore their own
 
     def _describe_resume(self) -> str:
         assert self.resume is not None
@@ -195,6 +193,7 @@ class _Run:
                    {"args": options, "sources": record["sources"],
                     "command_line": record["command_line"], "model": self.model_block,
                     "layout": layout_record(self.pipe), "mesh": mesh_record(self.pipe.config),
+                    "optimizer": optimizer_record(self.pipe, self.from_file),
                     "data": data_record(args, self.dataset, self.tokenizer),
                     "world_size": dist.get_world_size()})
         self.records = RunRecords(
@@ -248,7 +247,7 @@ class _Run:
 
     def _train_one(self, step: int) -> None:
         pipe, args = self.pipe, self.args
-        inputs, targets = self.dataset.batch(step, args.batch_size)
+        inputs, targets = self.dataset.batch(step, args.step_batch_size)
         began = time.perf_counter()
         loss = pipe.train_step(inputs, targets)
         seconds = time.perf_counter() - began
@@ -260,7 +259,7 @@ class _Run:
             timeline = one_axis(gathered)
             measure = measure_step(timeline, num_ranks=len(gathered))
             record = {"step": step + 1, "loss": loss, "seconds": seconds,
-                      "tokens_per_s": args.batch_size * args.context / seconds,
+                      "tokens_per_s": args.step_batch_size * args.context / seconds,
                       "bubble": measure.bubble_fraction,
                       "lr": pipe.optimizers.learning_rate}
             if pipe.grad_norm is not None:

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipetrain.api.lr_schedule import LR_SCHEDULES
+from pipetrain.api.optimizers import OPTIMIZERS
 from pipetrain.cli.run_config import RunConfig
 
 __all__ = [
@@ -29,8 +31,9 @@ __all__ = [
     "stages_per_rank",
 ]
 
-MODEL_OPTIONS = ("model", "layers", "width", "heads", "context")
-"""Options that fix the shape of the model's weights: a resume cannot change them."""
+MODEL_OPTIONS = ("model", "layers", "width", "heads", "context", "optimizer")
+"""Options that fix the shape of the model's weights and of the optimizer's state: a
+resume cannot change them."""
 RUN_OPTIONS = ("out", "resume")
 """Options of this invocation alone: never taken from a resumed run."""
 
@@ -126,6 +129,10 @@ _sample_bytes = _number(int, low=0, strict=False, what="an integer", high=1_000_
                             "`pipetrain sample` samples more from the checkpoint")
 
 
+_beta = _number(float, low=0.0, strict=False, what="a number", high=0.999999,
+                why="a decay rate below 1")
+
+
 def _rate(text: str) -> float:
     value = _non_negative(text)
     if not value < 1.0:
@@ -183,8 +190,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(training, "--steps", type=_positive_int, default=1000,
         help="train up to this step (default 1000; with --resume, the total to reach)")
     add(training, "--batch-size", type=_positive_int, default=32, help="sequences per step (default 32)")
+    add(training, "--accumulate", type=_positive_int, default=1,
+        help="accumulate the gradients of N batches in each optimizer step: a step trains "
+             "N x --batch-size sequences in N x --microbatches micro-batches (default 1)")
     add(training, "--lr", type=_learning_rate, default=1e-2, help="peak learning rate (default 1e-2)")
     add(training, "--warmup", type=_count, default=50, help="linear warm-up steps (default 50)")
+    add(training, "--lr-schedule", default="cosine", choices=LR_SCHEDULES,
+        help="after the warm-up: cosine (default) or linear down to --min-lr at --steps, "
+             "constant, or wsd (stable, then linear down to --min-lr over the last 20%% of "
+             "the steps)")
+    add(training, "--min-lr", type=_non_negative, default=None,
+        help="the learning rate the schedule ends at (default: --lr / 10)")
+    add(training, "--optimizer", default="adamw", choices=OPTIMIZERS,
+        help="adamw (default), adam, sgd (with --momentum) or adafactor: torch's own")
+    add(training, "--weight-decay", type=_non_negative, default=None,
+        help="weight decay (default 0.1 for adamw, 0 for the others)")
+    add(training, "--betas", type=_beta, nargs=2, default=(0.9, 0.95), metavar=("B1", "B2"),
+        help="adamw and adam: the moments' decay rates (default 0.9 0.95)")
+    add(training, "--momentum", type=_beta, default=0.9, help="sgd: momentum (default 0.9)")
     add(training, "--clip", type=_non_negative, default=1.0,
         help="global gradient-norm clip (default 1.0; 0 = off)")
     add(training, "--seed", type=int, default=0, help="seed of weights, data order and dropout")
@@ -267,7 +290,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "schedule": args.schedule,
         "num_stages": args.stages,
         "stages_per_rank": stages_per_rank(args),
-        "num_microbatches": args.microbatches,
+        "num_microbatches": args.microbatches * args.accumulate,
         "replicas": args.replicas,
         "checkpoint": args.checkpoint,
         "seed": args.seed,

@@ -100,7 +100,7 @@ def _resumed(config: RunConfig, resume: Resume, given: dict[str, tuple[str, Any]
     for name, old in saved_options(resume.run_folder).items():
         if name not in names:
             continue
-        if name == "stage_replicas" and old is not None:
+        if name in ("stage_replicas", "betas") and old is not None:
             old = tuple(old)
         if name not in given:
             config.set("resumed run", **{name: old})
@@ -111,8 +111,8 @@ def _resumed(config: RunConfig, resume: Resume, given: dict[str, tuple[str, Any]
         if name in MODEL_OPTIONS:
             problems.append(
                 f"{flag(name, new)} differs from the resumed run's {flag(name, old)}: a resume keeps "
-                f"the model's shape; fix: leave out {flag(name, new).split()[0]}, or start a new run "
-                "with another --out")
+                f"the model's shape and its optimizer's state; fix: leave out "
+                f"{flag(name, new).split()[0]}, or start a new run with another --out")
         else:
             resume.changes[name] = (old, new)
 
@@ -122,6 +122,8 @@ def _anchored(name: str, value: Any) -> Any:
     any folder: ``--data``, and a model file or folder."""
     if name == "data" and isinstance(value, str):
         return os.path.abspath(value)
+    if name == "betas" and value is not None:
+        return tuple(float(v) for v in value)
     if name == "model" and isinstance(value, str):
         from pipetrain.cli.user_models import is_user_model
 

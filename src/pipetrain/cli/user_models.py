@@ -7,8 +7,11 @@ first) that it takes. It returns the model: any ``nn.Module`` that maps token id
 ``(batch, context)`` to logits of shape ``(batch, context, vocab_size)`` (or an output
 with ``.logits``, as Hugging Face models return), or a dict with the model under
 ``"model"`` and, optionally, ``"loss"`` (``loss(output, targets)``, the mean loss of a
-micro-batch; default: cross-entropy of the logits) and ``"split_points"`` (module names
-where stages begin; default: the planner cuts)::
+micro-batch; default: cross-entropy of the logits), ``"split_points"`` (module names
+where stages begin; default: the planner cuts), ``"optimizer"`` (``optimizer(params)``,
+e.g. a ``torch.optim`` class with its settings bound; each stage gets its own; default:
+``--optimizer``) and ``"lr_scheduler"`` (``lr_scheduler(optimizer)``, e.g. a
+``torch.optim.lr_scheduler`` class bound; default: ``--warmup`` and ``--lr-schedule``)::
 
     # my_model.py
     from torch import nn
@@ -44,7 +47,7 @@ __all__ = ["UserModel", "build_user_model", "is_user_model", "lm_loss", "load_to
 
 BYTE_VOCAB = 256
 """The vocabulary of the byte-level corpus."""
-_KEYS = ("model", "loss", "split_points")
+_KEYS = ("model", "loss", "split_points", "optimizer", "lr_scheduler")
 """The keys of the dict a model file's function may return."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -82,6 +85,10 @@ class UserModel:
     split_points: list[str] | None = None
     weights: str | None = None
     """A folder to load the weights from, stage by stage (a meta-device model)."""
+    optimizer: Any = None
+    """``optimizer(params)`` from the model file (None: ``--optimizer``)."""
+    lr_scheduler: Any = None
+    """``lr_scheduler(optimizer)`` from the model file (None: ``--lr-schedule``)."""
 
 
 def user_model_problems(config: Any) -> list[str]:
@@ -198,13 +205,20 @@ def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
                  str(key), _KEYS, n=1)) else "") for key in unknown]
         raise ValueError(
             f"--model {spec!r} returned a dict with key(s) pipetrain does not read: {', '.join(hints)}; "
-            f"the keys it reads are {', '.join(_KEYS)} (the optimizer and LR schedule come from "
-            "--lr, --warmup and --clip); fix: rename or remove them")
+            f"the keys it reads are {', '.join(_KEYS)}; fix: rename or remove them")
     model = parts.get("model")
     if not isinstance(model, nn.Module):
         raise ValueError(
             f"--model {spec!r} returned {type(model).__name__}, not an nn.Module; fix: return the "
             "model, or a dict {'model': model, 'loss': loss_fn, 'split_points': [...]}")
+    for key in ("optimizer", "lr_scheduler"):
+        if parts.get(key) is not None and not callable(parts[key]):
+            raise ValueError(
+                f"--model {spec!r} returned {key!r}: {parts[key]!r}, which is not callable; fix: "
+                + ("a factory of the parameters, e.g. functools.partial(torch.optim.SGD, lr=0.1, "
+                   "momentum=0.9)" if key == "optimizer" else "a factory of the optimizer, e.g. "
+                   "functools.partial(torch.optim.lr_scheduler.StepLR, step_size=100)"))
     split_points = parts.get("split_points")
     return UserModel(model=model, loss_fn=parts.get("loss") or lm_loss,
-                     split_points=None if split_points is None else list(split_points))
+                     split_points=None if split_points is None else list(split_points),
+                     optimizer=parts.get("optimizer"), lr_scheduler=parts.get("lr_scheduler"))
