@@ -275,3 +275,12 @@ def environment_job(context: Any, name: str) -> tuple[str | None, int]:
     import os
 
     return os.environ.get(name), os.getpid()
+
+
+def compiled_gpt_job(ctx: Any, config: dict[str, Any], steps: int) -> tuple[Params, list[float], int]:
+    """The GPT trained with ``compile=True``; its weights, losses and the number of graphs
+    torch.compile made on this rank."""
+    from torch._dynamo.utils import counters
+
+    params, losses = gpt_job(ctx, [{**config, "compile": True}], steps)[0]
+    return params, losses, int(counters["stats"]["unique_graphs"])

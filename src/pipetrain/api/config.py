@@ -10,7 +10,7 @@ from typing import Any
 
 from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
-from pipetrain.api.mesh import mesh_problems
+from pipetrain.api.mesh import SPLIT_BACKWARD_SCHEDULES, mesh_problems
 from pipetrain.api.user_schedule import (
     is_schedule_file,
     resolve_user_schedule,
@@ -94,6 +94,12 @@ class PipelineConfig:
     counts); ``ignore`` applies it anyway."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
+    compile: bool = False
+    """Compile each layer of this rank's stages with ``torch.compile`` (``nn.Module.compile``,
+    in place: the parameters keep their names), as torchtitan compiles per block. The
+    first step compiles (each new micro-batch shape too: the second shape makes dims
+    dynamic). Not with schedules that split backwards, asynchronous schedules, FSDP or
+    tensor parallelism (not available yet)."""
     mixed_precision: str | None = None
     """``"bf16"`` or ``"fp16"``: every stage's forward, recomputation and loss run under
     ``torch.autocast`` with that dtype, parameters and optimizer state stay float32; fp16
@@ -304,16 +310,40 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
                      f"{say('timeout', 300.0)}")
     found.extend(async_problems(v, name, say))
     found.extend(mesh_problems(v, name, say))
-    if user is not None and (v["data_parallel"] == "fsdp" or v["tensor_parallel"] != 1) and any(
-            a.op is Op.BACKWARD_INPUT for rank in user.actions for a in rank):
+    splits = name in SPLIT_BACKWARD_SCHEDULES or (user is not None and any(
+        a.op is Op.BACKWARD_INPUT for rank in user.actions for a in rank))
+    if user is not None and v["data_parallel"] == "fsdp" and splits:
         found.append(f"the user schedule {user.name!r} splits backwards into input and weight "
-                     "halves (I and W actions), which FSDP (it reduce-scatters a module's "
-                     "gradients from its own hook when the input half passes it, before the "
-                     "weight half has computed them) and tensor parallelism (not available "
-                     "yet) cannot run; fix: full backwards (B actions), or "
-                     f"{say('data_parallel', 'replicate')} and {say('tensor_parallel', 1)}")
+                     "halves (I and W actions), which FSDP cannot run (it reduce-scatters a "
+                     "module's gradients from its own hook when the input half passes it, "
+                     "before the weight half has computed them); fix: full backwards (B "
+                     f"actions), or {say('data_parallel', 'replicate')}")
+    found.extend(_compile_problems(v, name, splits, say))
     found.extend(v["extra_problems"])
     return found
+
+
+def _compile_problems(v: Mapping[str, Any], name: str, splits: bool, say: Spelling) -> list[str]:
+    """What ``compile=True`` cannot run with yet: a compiled layer's backward is one graph,
+    which a split backward cannot cut into input and weight halves; asynchronous schedules
+    swap weight versions under it; FSDP and tensor parallelism change the parameters into
+    DTensors after it would compile."""
+    if v["compile"] is not True:
+        if v["compile"] is not False:
+            return [f"{say('compile', v['compile'])} must be True or False"]
+        return []
+    unavailable = [f"schedule {name or 'of the file'!r} (it splits backwards)"] if splits else []
+    if name in ASYNC_SCHEDULES:
+        unavailable.append(f"schedule {name!r}")
+    if v["data_parallel"] == "fsdp":
+        unavailable.append(say("data_parallel", "fsdp"))
+    if v["tensor_parallel"] != 1:
+        unavailable.append(say("tensor_parallel", v["tensor_parallel"]))
+    if not unavailable:
+        return []
+    return [f"{say('compile', True)} with {' and '.join(unavailable)} is not available yet; "
+            f"fix: {say('compile', False)}, or {say('schedule', '1f1b')} (or gpipe, "
+            "interleaved-1f1b, looped-bfs) on replicated stages"]
 
 
 def _user_schedule(v: Mapping[str, Any], found: list[str]) -> Schedule | None:

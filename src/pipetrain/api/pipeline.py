@@ -190,7 +190,7 @@ class Pipeline:
             # FSDP gathers its gradients through autograd: nothing to fuse (see .fsdp)
             fuse_weight_gradients=(config.fuse_weight_gradients and self.sharded is None
                                    and config.tensor_parallel == 1),
-            autocast=autocast_dtype(config.mixed_precision),
+            autocast=autocast_dtype(config.mixed_precision), compile=config.compile,
         )
         if self.sharded is not None:
             self.sharded.attach(self.stages.values())

@@ -93,8 +93,10 @@ def build_stages(
     loss_fn: LossFn,
     fuse_weight_gradients: bool,
     autocast: torch.dtype | None = None,
+    compile: bool = False,
 ) -> dict[int, StageCompute]:
-    """The compute of this rank's model stages, each running its layers seeded one by one.
+    """The compute of this rank's model stages, each running its layers seeded one by one
+    (each compiled in place with ``torch.compile`` when ``compile``).
 
     Example:
         >>> from pipetrain.api.config import PipelineConfig
@@ -110,6 +112,9 @@ def build_stages(
     last = len(layout.layer_ranges) - 1
     stages: dict[int, StageCompute] = {}
     for j in local_stages:
+        if compile:
+            for i in layout.layer_ranges[j]:
+                layers[i].compile()  # nn.Module.compile: in place, the same parameter names
         module = StageModule({i: layers[i] for i in layout.layer_ranges[j]})
         stages[j] = StageCompute(
             module,

@@ -60,6 +60,7 @@ class RunConfig:
     schedule: str = "1f1b"
     vertical_sync: bool = False
     fsdp: bool = False
+    compile: bool = False
     fsdp_reshard: bool = False
     tensor_parallel: int = 1
     virtual: int | None = None

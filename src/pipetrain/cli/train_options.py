@@ -164,6 +164,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--vertical-sync", action=_GivenFlag, default=False,
                         help="pipedream: every stage runs a micro-batch with the weight version "
                              "the first stage used for it")
+    layout.add_argument("--compile", action=_GivenFlag, default=False,
+                        help="compile each layer of every stage with torch.compile (the first "
+                             "step compiles; needs a C++ compiler on the CPU)")
     layout.add_argument("--fsdp", action=_GivenFlag, default=False,
                         help="the --replicas shard each stage's parameters, gradients and "
                              "optimizer state (FSDP2) instead of holding whole copies "
@@ -299,6 +302,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "mixed_precision": None if args.precision == "fp32" else args.precision,
         "data_parallel": "fsdp" if args.fsdp else "replicate",
         "tensor_parallel": args.tensor_parallel,
+        "compile": bool(args.compile),
         "reshard_after_forward": bool(args.fsdp_reshard),
         **failure_bounds(args.timeout),
     }
