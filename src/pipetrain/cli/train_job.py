@@ -266,6 +266,10 @@ class _Run:
                 record["grad_norm"] = pipe.grad_norm
             if pipe.last_step_skipped:
                 record["skipped"] = True
+            if args.compile and step == self.start:  # this session's workers compiled
+                record["compiled"] = True
+                phase(f"step {step + 1} compiled the stages' layers (torch.compile) in "
+                      f"{seconds:,.1f} s")
             self.records.add(record, measure, timeline)
             self.bar.update(step + 1, loss=loss, tokens_per_s=record["tokens_per_s"],
                             bubble=measure.bubble_fraction)
