@@ -332,7 +332,8 @@ def _compile_problems(v: Mapping[str, Any], name: str, splits: bool, say: Spelli
         if v["compile"] is not False:
             return [f"{say('compile', v['compile'])} must be True or False"]
         return []
-    unavailable = [f"schedule {name or 'of the file'!r} (it splits backwards)"] if splits else []
+    what = f"schedule {name!r}" if name else "the user schedule"
+    unavailable = [f"{what} (it splits backwards)"] if splits else []
     if name in ASYNC_SCHEDULES:
         unavailable.append(f"schedule {name!r}")
     if v["data_parallel"] == "fsdp":
