@@ -132,7 +132,7 @@ def build(vocab_size):
 def test_a_model_files_optimizer_and_schedule_train_as_plain_pytorch(tmp_path: Path) -> None:
     """The model file's SGD and LambdaLR on 2 stages: one process's losses with the same
     ones; config.json says they came from the model file; an --optimizer beside them is
-    refused."""
+    refused (in every worker, before the pipeline is built)."""
     from pipetrain.cli.run_config import RunConfig
     from pipetrain.cli.run_model import run_dataset
     from pipetrain.cli.user_models import build_user_model, lm_loss
@@ -156,7 +156,10 @@ def test_a_model_files_optimizer_and_schedule_train_as_plain_pytorch(tmp_path: P
     assert (record["class"], record["source"], record["lr_scheduler_source"]) == (
         "SGD", "the model file", "the model file")
     assert record["settings"]["momentum"] == 0.8
-    both = run_train(options, "--stages", "2", "--optimizer", "adam", out=tmp_path / "both",
-                     timeout=120)
-    assert both.returncode == 2
-    assert "--optimizer and the 'optimizer' the model file returns both set" in both.stderr
+    from pipetrain.cli.train_optimizer import training_factories
+    from pipetrain.cli.worker_errors import UsageError
+
+    config.set("command line", optimizer="adam")
+    with pytest.raises(UsageError, match="--optimizer and the 'optimizer' the model file "
+                                         "returns both set the optimizer"):
+        training_factories(config, {"optimizer": user.optimizer})
