@@ -116,8 +116,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         model, model_arguments = pipeline_model(args, model_config, dataset,
                                                 vocab_size=tokenizer.vocab_size)
         model_block = model_record(args, model_config, model)
-        from_file = {key: key in model_arguments for key in ("optimizer", "lr_scheduler")}
-        optimizer, lr_scheduler = training_factories(args, model_arguments)
+        optimizer, lr_scheduler, from_file = training_factories(args, model_arguments)
         pipe = Pipeline(
             model,
             **model_arguments,

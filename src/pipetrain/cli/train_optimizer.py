@@ -26,10 +26,13 @@ _OPTIMIZER_OPTIONS = ("optimizer", "lr", "weight_decay", "betas", "momentum")
 _SCHEDULE_OPTIONS = ("lr_schedule", "min_lr", "warmup")
 
 
-def training_factories(args: RunConfig, model_arguments: dict[str, Any]) -> tuple[Any, Any]:
+def training_factories(args: RunConfig,
+                       model_arguments: dict[str, Any]) -> tuple[Any, Any, dict[str, bool]]:
     """The optimizer and LR-scheduler factories: a model file's (taken out of
-    ``model_arguments``), else the options'. Options given beside a model file's factory
-    are refused: they would not run."""
+    ``model_arguments``), else the options'; and which came from the model file
+    (``{"optimizer": ..., "lr_scheduler": ...}``). Options given beside a model file's
+    factory are refused: they would not run."""
+    from_file = {key: key in model_arguments for key in ("optimizer", "lr_scheduler")}
     optimizer = model_arguments.pop("optimizer", None)
     scheduler = model_arguments.pop("lr_scheduler", None)
     for factory, names, key in ((optimizer, _OPTIMIZER_OPTIONS, "optimizer"),
@@ -47,7 +50,7 @@ def training_factories(args: RunConfig, model_arguments: dict[str, Any]) -> tupl
     if scheduler is None:
         def scheduler(opt: torch.optim.Optimizer) -> Any:
             return torch.optim.lr_scheduler.LambdaLR(opt, run_lr_factor(args))
-    return optimizer, scheduler
+    return optimizer, scheduler, from_file
 
 
 def run_lr_factor(args: RunConfig) -> Callable[[int], float]:
