@@ -11,6 +11,7 @@ from typing import Any
 from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
 from pipetrain.api.mesh import SPLIT_BACKWARD_SCHEDULES, mesh_problems
+from pipetrain.api.step_batches import LOSS_WEIGHTS
 from pipetrain.api.user_schedule import (
     is_schedule_file,
     resolve_user_schedule,
@@ -92,6 +93,12 @@ class PipelineConfig:
     update and raises :class:`~pipetrain.api.grad_check.NonFiniteError` (the weights
     stay those of the last good step); ``skip`` applies no update and goes on (the step
     counts); ``ignore`` applies it anyway."""
+    loss_per: str = "sample"
+    """How a step's micro-batch losses are weighed: ``sample`` (each micro-batch by its share
+    of the batch's samples) or ``token`` (by its share of the batch's real tokens, the
+    integer targets that are not ``-100``: the loss of batches padded to different lengths
+    is then the mean over their real tokens, as one process's ``cross_entropy`` gives;
+    ``loss_fn`` must then be the mean over a micro-batch's real tokens)."""
     fuse_weight_gradients: bool = True
     """Accumulate linear layers' weight gradients in place (one GEMM into ``.grad``)."""
     compile: bool = False
@@ -282,6 +289,9 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
     if clip is not None and not (isinstance(clip, (int, float)) and clip > 0 and math.isfinite(clip)):
         found.append(f"{say('clip_grad_norm', clip)} must be a positive number, e.g. "
                      f"{say('clip_grad_norm', 1.0)}")
+    if v["loss_per"] not in LOSS_WEIGHTS:
+        found.append(f"{say('loss_per', v['loss_per'])} must be one of {', '.join(LOSS_WEIGHTS)}, "
+                     f"e.g. {say('loss_per', 'token')} for batches padded to different lengths")
     if v["nonfinite"] not in NONFINITE_POLICIES:
         found.append(
             f"{say('nonfinite', v['nonfinite'])} must be one of {', '.join(NONFINITE_POLICIES)}"

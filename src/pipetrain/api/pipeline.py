@@ -245,7 +245,8 @@ class Pipeline:
         """Whether the last training step's update was skipped (``nonfinite='skip'``)."""
         self._splitter = StepSplitter(num_microbatches=config.total_microbatches,
                                       min_microbatches=max(self.layout.replica_counts),
-                                      first_replicas=self.layout.replica_counts[0])
+                                      first_replicas=self.layout.replica_counts[0],
+                                      per_token=config.loss_per == "token")
         self._last_stage = len(self.layout.stage_to_rank) - 1
         self._holds_last = self._last_stage in self.local_stages
         self._batch_agreed = False

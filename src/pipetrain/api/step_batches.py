@@ -4,7 +4,8 @@ Every rank passes the same global batch. It is split into ``num_microbatches``
 near-equal micro-batches (:func:`~pipetrain.microbatch.split_batch`; views, no copies),
 and micro-batch ``i`` of a stage runs on that stage's replica ``i % replicas`` (the
 schedule says which rank runs what). Each micro-batch's loss is weighted by its share of
-the batch, so the mean loss and the gradients are those of the whole batch.
+the batch (of its samples, or with ``per_token`` of its real tokens: integer targets other
+than -100), so the mean loss and the gradients are those of the whole batch.
 
 The first training batch sets the batch size and must fill every micro-batch (else the
 step would quietly run fewer micro-batches than configured). A later, smaller batch — the
@@ -19,9 +20,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipetrain.data.samples import real_tokens
 from pipetrain.microbatch import batch_size, split_batch
 
-__all__ = ["StepBatches", "StepSplitter"]
+__all__ = ["LOSS_WEIGHTS", "StepBatches", "StepSplitter"]
+
+LOSS_WEIGHTS = ("sample", "token")
+"""What a micro-batch's loss is weighed by: its share of the step's samples or real tokens."""
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,8 @@ class StepSplitter:
     first_replicas: int = 1
     """Replicas of the first stage: ``num_microbatches`` is the configured count per
     replica of it times this (for the messages)."""
+    per_token: bool = False
+    """Weigh each micro-batch by its share of the real tokens (targets that are not -100)."""
     batch_size: int | None = field(default=None, init=False)
     """Samples of the first training batch (None before it)."""
 
@@ -99,6 +106,8 @@ class StepSplitter:
                 f"inputs and targets split into {len(batches)} and {len(labels)} micro-batches: "
                 "they must have the same batch size"
             )
+        if self.per_token:
+            scales = _token_shares(labels)
         return StepBatches(batches, labels, scales)
 
     def train(self, inputs: Any, targets: Any) -> StepBatches:
@@ -109,3 +118,15 @@ class StepSplitter:
     def eval(self, inputs: Any, targets: Any = None) -> StepBatches:
         """The micro-batches of an evaluation step (any batch size)."""
         return self._split(inputs, targets)
+
+
+def _token_shares(labels: list[Any]) -> list[float]:
+    """Each micro-batch's share of the step's real tokens (loss_per="token")."""
+    counts = [real_tokens(label) for label in labels]
+    total = sum(counts)
+    if total == 0 or 0 in counts:
+        raise ValueError(
+            f"loss_per='token': micro-batches hold {counts} real tokens (targets other than "
+            "-100); every micro-batch needs at least one (its mean loss is undefined "
+            "otherwise); fix: fewer micro-batches or batches with fewer padded rows")
+    return [count / total for count in counts]

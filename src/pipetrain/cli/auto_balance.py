@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from pipetrain.cli.run_config import RunConfig
+from pipetrain.cli.run_model import RunDataset
 from pipetrain.cli.train_options import stages_per_rank
-from pipetrain.data import TextDataset
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss
 
 __all__ = ["LOOPBACK_BANDWIDTH", "agree_on_balance", "plan_balance_for", "plan_choices",
@@ -55,7 +55,7 @@ def planner_config(args: RunConfig, stages: int) -> Any:
     return PlannerConfig(topology=topology, straight=True, cost_model="pipetrain", **fixed)
 
 
-def plan_balance_for(args: RunConfig, model_config: GPTConfig, dataset: TextDataset,
+def plan_balance_for(args: RunConfig, model_config: GPTConfig, dataset: RunDataset,
                      *, device: torch.device) -> tuple[list[int], Any, Any]:
     """Profile the model and plan its cut: ``(balance, plan, profile)`` (this process)."""
     from pipetrain.plan import make_plan
@@ -89,7 +89,7 @@ def plan_choices(args: RunConfig, plan: Any) -> dict[str, Any]:
             if getattr(plan, field) is not None and not args.given(option)}
 
 
-def agree_on_balance(args: RunConfig, model_config: GPTConfig, dataset: TextDataset,
+def agree_on_balance(args: RunConfig, model_config: GPTConfig, dataset: RunDataset,
                      *, device: torch.device) -> RunConfig:
     """The run's configuration with the cut rank 0 planned (every rank calls it; rank 0
     writes the files), and the plan's schedule, micro-batches and checkpoint mode where

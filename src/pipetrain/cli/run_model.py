@@ -19,9 +19,16 @@ import torch
 
 from pipetrain.cli.hf_models import HF_MODELS, block_split_points, build_hf_model, hf_loss
 from pipetrain.cli.run_config import RunConfig
-from pipetrain.cli.user_models import BYTE_VOCAB, build_user_model, is_user_model, load_tokenizer
+from pipetrain.cli.user_models import (
+    BYTE_VOCAB,
+    build_user_model,
+    is_user_model,
+    load_tokenizer,
+    user_data,
+)
 from pipetrain.data import (
     ByteTokenizer,
+    SampleDataset,
     TextDataset,
     corpus_size,
     corpus_tokens,
@@ -30,7 +37,7 @@ from pipetrain.data import (
 )
 from pipetrain.models import GPTConfig, gpt_layer_factories, gpt_loss, gpt_ties
 
-__all__ = ["RunTokenizer", "data_record", "pipeline_model", "profile_inputs", "run_dataset",
+__all__ = ["RunDataset", "RunTokenizer", "data_line", "data_record", "pipeline_model", "profile_inputs", "run_dataset",
            "sample_text"]
 
 
@@ -62,8 +69,30 @@ class RunTokenizer:
         return str(self.hf.decode(ids.tolist()))
 
 
-def run_dataset(config: RunConfig) -> tuple[TextDataset, RunTokenizer]:
-    """The run's dataset (a pure function of the step) and its tokenizer."""
+RunDataset = TextDataset | SampleDataset
+"""What a run trains on: the corpus's windows, or a model file's samples."""
+
+
+def run_dataset(config: RunConfig) -> tuple[RunDataset, RunTokenizer]:
+    """The run's dataset (a pure function of the step) and its tokenizer: a model file's
+    ``train_data`` (and ``val_data``) if it returns them, else the corpus."""
+    train, val = user_data(config, vocab_size=BYTE_VOCAB)
+    if train is not None:
+        if isinstance(train, SampleDataset):
+            if val is not None:
+                raise ValueError(f"--model {config.model!r} returned a SampleDataset as "
+                                 "train_data and a val_data: give the SampleDataset its "
+                                 "val_data=..., and return no val_data beside it")
+            if train.context > config.context:
+                raise ValueError(f"--model {config.model!r}: its SampleDataset has context="
+                                 f"{train.context}, longer than --context {config.context}; fix: "
+                                 "build it with the context the function is given")
+            return train, RunTokenizer(None)
+        return (SampleDataset(train, context=config.context, seed=config.seed, val_data=val),
+                RunTokenizer(None))
+    if val is not None:
+        raise ValueError(f"--model {config.model!r} returned val_data without train_data; fix: "
+                         "return both, or neither to train on --data")
     tokenizer = RunTokenizer(load_tokenizer(config) if is_user_model(config.model) else None)
     if tokenizer.hf is None:
         data = corpus_tokens(config.data)
@@ -72,7 +101,7 @@ def run_dataset(config: RunConfig) -> tuple[TextDataset, RunTokenizer]:
     return TextDataset(data, context=config.context, seed=config.seed), tokenizer
 
 
-def data_record(config: RunConfig, dataset: TextDataset, tokenizer: RunTokenizer) -> dict[str, Any]:
+def data_record(config: RunConfig, dataset: RunDataset, tokenizer: RunTokenizer) -> dict[str, Any]:
     """What the run trains on (its start-up line and ``config.json`` say it): the corpus,
     its size, and the tokens of each split.
 
@@ -82,6 +111,10 @@ def data_record(config: RunConfig, dataset: TextDataset, tokenizer: RunTokenizer
         >>> record["train_tokens"] + record["val_tokens"] == 4 * 2**20, record["tokens"]
         (True, 'bytes')
     """
+    if isinstance(dataset, SampleDataset):
+        return {"corpus": f"{config.model}: train_data", "description": repr(dataset),
+                "tokens": "the model file's", "packed": dataset.pack,
+                "train_tokens": dataset.num_train_tokens, "val_tokens": dataset.num_val_tokens}
     num_tokens = dataset.num_train_tokens + dataset.num_val_tokens
     size = num_tokens if tokenizer.hf is None else corpus_size(config.data)
     return {"corpus": config.data, "description": describe_corpus(config.data, size),
@@ -89,7 +122,26 @@ def data_record(config: RunConfig, dataset: TextDataset, tokenizer: RunTokenizer
             "train_tokens": dataset.num_train_tokens, "val_tokens": dataset.num_val_tokens}
 
 
-def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,
+def data_line(record: dict[str, Any]) -> str:
+    """The start-up line that says what a run trains on (from :func:`data_record`).
+
+    Example:
+        >>> data_line({"description": "notes.txt (2 MiB)", "train_tokens": 1900,
+        ...            "val_tokens": 100})
+        'data: notes.txt (2 MiB): 1,900 tokens to train on, the last 100 to validate on'
+    """
+    def tokens(count: int | None) -> str:
+        return "an unknown number of" if count is None else f"{count:,}"
+
+    line = f"data: {record['description']}: {tokens(record['train_tokens'])} tokens to train on"
+    if "packed" in record:
+        return line + (", packed" if record["packed"] else ", padded per step") + (
+            f"; {tokens(record['val_tokens'])} to validate on" if record["val_tokens"] else
+            "; no validation split")
+    return line + f", the last {tokens(record['val_tokens'])} to validate on"
+
+
+def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: RunDataset, *,
                    vocab_size: int = BYTE_VOCAB, num_stages: int | None = None,
                    ) -> tuple[Any, dict[str, Any]]:
     """``Pipeline``'s model and its model arguments (``num_stages``: the model stages to
@@ -117,7 +169,7 @@ def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: TextData
                                     if v is not None}
 
 
-def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: TextDataset, *,
+def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: RunDataset, *,
                    vocab_size: int = BYTE_VOCAB) -> tuple[list[Any], Any, Any, Any]:
     """What the profiler takes for the run's model: its layers (the GPT's factories, or a
     captured model's units), the batch they run on, the loss and its targets."""

@@ -28,7 +28,9 @@ from pipetrain.cli.model_record import layout_record, model_record
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import write_json
 from pipetrain.cli.run_model import (
+    RunDataset,
     RunTokenizer,
+    data_line,
     data_record,
     pipeline_model,
     run_dataset,
@@ -50,7 +52,7 @@ from pipetrain.cli.train_report import (
 from pipetrain.cli.train_start import agree_on_folder, agree_on_options, phase
 from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, report_failure
 from pipetrain.counts import count_of
-from pipetrain.data import TextDataset
+from pipetrain.data import real_tokens
 from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
 from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
 from pipetrain.runtime.errors import PeerFailure
@@ -109,8 +111,11 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
         data = data_record(args, dataset, tokenizer)
-        phase(f"data: {data['description']}: {data['train_tokens']:,} tokens to train on, "
-              f"the last {data['val_tokens']:,} to validate on")
+        phase(data_line(data))
+        if args.eval_every and data["val_tokens"] == 0:
+            raise UsageError(f"--eval-every {args.eval_every}: the data has no validation split "
+                             f"({data['description']}); fix: --eval-every 0, or return a "
+                             "val_data from the model file")
         if args.balance == AUTO and args.model == "gpt":
             args = agree_on_balance(args, model_config, dataset, device=context.device)
         model, model_arguments = pipeline_model(args, model_config, dataset,
@@ -145,7 +150,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
 class _Run:
     """One session of a run: load, train, stop or finish, write."""
 
-    def __init__(self, pipe: Pipeline, args: RunConfig, dataset: TextDataset,
+    def __init__(self, pipe: Pipeline, args: RunConfig, dataset: RunDataset,
                  tokenizer: RunTokenizer, model_block: dict[str, Any], resume: Resume | None,
                  stop: StopRequest, *, verbose: bool, from_file: dict[str, bool]) -> None:
         self.pipe, self.args, self.dataset, self.model_block = pipe, args, dataset, model_block
@@ -258,7 +263,7 @@ class _Run:
             timeline = one_axis(gathered)
             measure = measure_step(timeline, num_ranks=len(gathered))
             record = {"step": step + 1, "loss": loss, "seconds": seconds,
-                      "tokens_per_s": args.step_batch_size * args.context / seconds,
+                      "tokens_per_s": real_tokens(targets) / seconds,
                       "bubble": measure.bubble_fraction,
                       "lr": pipe.optimizers.learning_rate}
             if pipe.grad_norm is not None:

@@ -303,6 +303,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "data_parallel": "fsdp" if args.fsdp else "replicate",
         "tensor_parallel": args.tensor_parallel,
         "compile": bool(args.compile),
+        "loss_per": "token",  # a padded step's loss is the mean over its real tokens
         "reshard_after_forward": bool(args.fsdp_reshard),
         **failure_bounds(args.timeout),
     }

@@ -11,7 +11,11 @@ micro-batch; default: cross-entropy of the logits), ``"split_points"`` (module n
 where stages begin; default: the planner cuts), ``"optimizer"`` (``optimizer(params)``,
 e.g. a ``torch.optim`` class with its settings bound; each stage gets its own; default:
 ``--optimizer``) and ``"lr_scheduler"`` (``lr_scheduler(optimizer)``, e.g. a
-``torch.optim.lr_scheduler`` class bound; default: ``--warmup`` and ``--lr-schedule``)::
+``torch.optim.lr_scheduler`` class bound; default: ``--warmup`` and ``--lr-schedule``),
+``"train_data"`` and ``"val_data"`` (the samples to train and evaluate on in place of
+``--data``: a dataset of 1-D token-id tensors of any length or of (input, target) pairs,
+packed into rows of ``--context``, or a :class:`~pipetrain.data.SampleDataset` the function
+made itself, e.g. with ``pack=False``; see ``docs/data.md``)::
 
     # my_model.py
     from torch import nn
@@ -43,11 +47,11 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["UserModel", "build_user_model", "is_user_model", "lm_loss", "load_tokenizer",
-           "user_model_problems"]
+           "user_data", "user_model_problems"]
 
 BYTE_VOCAB = 256
 """The vocabulary of the byte-level corpus."""
-_KEYS = ("model", "loss", "split_points", "optimizer", "lr_scheduler")
+_KEYS = ("model", "loss", "split_points", "optimizer", "lr_scheduler", "train_data", "val_data")
 """The keys of the dict a model file's function may return."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -89,6 +93,10 @@ class UserModel:
     """``optimizer(params)`` from the model file (None: ``--optimizer``)."""
     lr_scheduler: Any = None
     """``lr_scheduler(optimizer)`` from the model file (None: ``--lr-schedule``)."""
+    train_data: Any = None
+    """The samples to train on from the model file (None: ``--data``)."""
+    val_data: Any = None
+    """The samples to evaluate on from the model file (None: held out of ``train_data``)."""
 
 
 def user_model_problems(config: Any) -> list[str]:
@@ -177,6 +185,31 @@ def _call_builder(spec: str, config: Any, vocab_size: int) -> Any:
     return builder(**{k: v for k, v in offered.items() if takes_all or k in accepted})
 
 
+_BUILT: dict[tuple[Any, ...], Any] = {}
+"""What a model file's function returned, kept from :func:`user_data`'s call for the next
+:func:`build_user_model` with the same arguments (the function runs once per process)."""
+
+
+def _built_key(config: Any, vocab_size: int) -> tuple[Any, ...]:
+    return (config.model, vocab_size, config.context, config.seed)
+
+
+def user_data(config: Any, *, vocab_size: int) -> tuple[Any, Any]:
+    """The ``train_data`` and ``val_data`` a model file's function returns (None, None
+    without them, or for a folder); the model it built is kept for :func:`build_user_model`.
+
+    Example:
+        >>> user_data(type("Config", (), {"model": "gpt"})(), vocab_size=256)
+        (None, None)
+    """
+    if _file_and_function(config.model) is None:
+        return None, None
+    built = _call_builder(config.model, config, vocab_size)
+    _BUILT[_built_key(config, vocab_size)] = built
+    parts = built if isinstance(built, dict) else {}
+    return parts.get("train_data"), parts.get("val_data")
+
+
 def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
     """The model ``--model`` names, built alike on every rank.
 
@@ -197,7 +230,9 @@ def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
             model = transformers.AutoModelForCausalLM.from_config(hf_config)  # type: ignore[no-untyped-call]
         has_weights = any(name.endswith(".safetensors") for name in os.listdir(spec))
         return UserModel(model=model, loss_fn=lm_loss, weights=spec if has_weights else None)
-    built = _call_builder(spec, config, vocab_size)
+    built = _BUILT.pop(_built_key(config, vocab_size), None)
+    if built is None:
+        built = _call_builder(spec, config, vocab_size)
     parts = built if isinstance(built, dict) else {"model": built}
     unknown = sorted(set(parts) - set(_KEYS), key=str)
     if unknown:
@@ -221,4 +256,5 @@ def build_user_model(config: Any, *, vocab_size: int) -> UserModel:
     split_points = parts.get("split_points")
     return UserModel(model=model, loss_fn=parts.get("loss") or lm_loss,
                      split_points=None if split_points is None else list(split_points),
-                     optimizer=parts.get("optimizer"), lr_scheduler=parts.get("lr_scheduler"))
+                     optimizer=parts.get("optimizer"), lr_scheduler=parts.get("lr_scheduler"),
+                     train_data=parts.get("train_data"), val_data=parts.get("val_data"))

@@ -1,4 +1,5 @@
-"""Training data: the corpus (a user's text, or the Python standard library's source), tokenizer, dataset.
+"""Training data: the corpus (a user's text, or the Python standard library's source), tokenizer,
+the text dataset, and a user's own samples (:class:`SampleDataset`: packed or padded).
 
 Example:
     >>> from pipetrain.data import TextDataset, load_corpus
@@ -18,16 +19,20 @@ from pipetrain.data.corpus import (
     stdlib_source_files,
 )
 from pipetrain.data.dataset import SPLITS, TextDataset
+from pipetrain.data.samples import IGNORE_INDEX, SampleDataset, real_tokens
 from pipetrain.data.tokenizer import ByteTokenizer
 
 __all__ = [
     "DEFAULT_CORPUS_BYTES",
+    "IGNORE_INDEX",
     "SPLITS",
     "ByteTokenizer",
+    "SampleDataset",
     "TextDataset",
     "corpus_size",
     "corpus_tokens",
     "describe_corpus",
     "load_corpus",
+    "real_tokens",
     "stdlib_source_files",
 ]

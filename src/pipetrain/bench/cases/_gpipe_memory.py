@@ -133,7 +133,11 @@ class _Watchdog(threading.Thread):
         while not self.done.wait(0.005):
             grown = _resident_bytes() - self.start_bytes
             if grown > self.cap:
-                self.marker.write_text(repr(grown / _MIB))  # full precision: it exceeds the cap
+                # full precision (it exceeds the cap), written whole: a peer's watchdog may
+                # kill this process mid-write, and a reader must never see an empty marker
+                partial = self.marker.with_name(self.marker.name + ".partial")
+                partial.write_text(repr(grown / _MIB))
+                os.replace(partial, self.marker)
                 for pid in [p for p in self.pids if p != os.getpid()] + [os.getpid()]:
                     try:
                         os.kill(pid, signal.SIGKILL)

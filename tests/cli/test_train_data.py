@@ -1,0 +1,110 @@
+"""A model file's own samples (``train_data`` / ``val_data``): packed by default, padded
+per step when it returns a SampleDataset that says so; trained as one process trains, and
+a resumed run trains on the same samples as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.train_runs import recorded_losses, run_train
+from pipetrain.cli.run_config import RunConfig
+from pipetrain.cli.run_model import data_line, data_record, run_dataset
+from pipetrain.data import SampleDataset
+
+_MODEL_FILE = '''
+import functools
+import torch
+from torch import nn
+from pipetrain.data import SampleDataset
+
+
+def constant(step):
+    return 1.0
+
+
+def documents(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(n),), generator=g)
+            for n in torch.randint(16, 129, (30,), generator=g)]
+
+
+def build(vocab_size, context, seed):
+    model = nn.Sequential(nn.Embedding(vocab_size, 32), nn.Linear(32, 32), nn.GELU(),
+                          nn.Linear(32, vocab_size))
+    return {"model": model, "split_points": ["2"],
+            "optimizer": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+            "lr_scheduler": functools.partial(torch.optim.lr_scheduler.LambdaLR,
+                                              lr_lambda=constant),
+            "train_data": SampleDataset(documents(1), context=context, seed=seed, pack=False,
+                                        val_data=documents(2))}
+
+
+def packed(vocab_size):
+    return {"model": nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size)),
+            "train_data": documents(1), "val_data": documents(2)[:3]}
+'''
+OPTIONS = ["--context", "128", "--batch-size", "4", "--microbatches", "2", "--sample-bytes", "0",
+           "--eval-every", "2", "--stages", "2"]
+
+
+def _config(path: Path, function: str) -> RunConfig:
+    config = RunConfig()
+    config.set("command line", model=f"{path}:{function}", context=128, batch_size=4)
+    return config
+
+
+def test_a_list_of_documents_is_packed_and_its_record_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "model.py"
+    path.write_text(_MODEL_FILE)
+    dataset, _ = run_dataset(_config(path, "packed"))
+    assert isinstance(dataset, SampleDataset) and dataset.pack
+    x, y = dataset.batch(0, 3)
+    assert x.shape == (3, 128) and bool((y >= 0).all())
+    record = data_record(_config(path, "packed"), dataset, _)
+    line = data_line(record)
+    assert line.startswith("data: SampleDataset(train=30 samples") and ", packed;" in line
+    assert f"{record['val_tokens']:,} to validate on" in line
+
+
+@pytest.mark.distributed
+def test_padded_documents_train_as_one_process_and_a_resume_takes_the_same_samples(
+        tmp_path: Path) -> None:
+    """Documents of 16-128 tokens padded per step (the length changes from step to step):
+    2 stages give one process's losses (the mean over real tokens); a run stopped after
+    step 2 and resumed gives the uninterrupted run's losses bit for bit."""
+    path = tmp_path / "model.py"
+    path.write_text(_MODEL_FILE)
+    model = ["--model", f"{path}:build"]
+    whole = run_train(OPTIONS, *model, "--steps", "4", out=tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "padded per step" in whole.stderr
+    first = run_train(OPTIONS, *model, "--steps", "2", out=tmp_path / "part")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rest = run_train([], "--resume", str(tmp_path / "part"), "--steps", "4", out=tmp_path / "part")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert recorded_losses(tmp_path / "part") == recorded_losses(tmp_path / "whole")
+    metrics = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    assert all("val_loss" in s for s in metrics["steps"][1::2])
+
+    from pipetrain.cli.user_models import build_user_model, lm_loss
+
+    config = _config(path, "build")
+    dataset, _ = run_dataset(config)
+    user = build_user_model(config, vocab_size=256)
+    batches = [dataset.batch(step, 4) for step in range(4)]
+    assert len({x.shape[1] for x, _ in batches}) > 1  # the length changes with the step
+    optimizer = user.optimizer(user.model.parameters())
+    losses = []
+    for x, y in batches:
+        loss = lm_loss(user.model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(user.model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    for step, (a, b) in enumerate(zip(losses, recorded_losses(tmp_path / "whole"))):
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {step + 1}: {b} vs one process {a}"
