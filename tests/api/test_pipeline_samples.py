@@ -155,3 +155,12 @@ def test_packed_and_padded_documents_train_as_one_process() -> None:
             assert worst < TOLERANCE and loss_error < TOLERANCE, (pack, config, worst, loss_error)
         else:
             assert loss_error > 1e-4, "weighing by samples matched: the test shows nothing"
+
+
+@pytest.mark.parametrize("module", ["pipetrain.data.samples", "pipetrain.api.step_batches"])
+def test_the_examples_run_as_written(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
