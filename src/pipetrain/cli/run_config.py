@@ -99,6 +99,7 @@ class RunConfig:
     out: str | None = None
     resume: str | None = None
     sample_bytes: int = 300
+    log: str = "tensorboard"
     timeout: float = 300.0
     config: str | None = None
     # provenance

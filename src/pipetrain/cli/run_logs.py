@@ -25,19 +25,31 @@ from typing import Any, BinaryIO
 
 from pipetrain.cli.record_writes import RecordWrites
 
-__all__ = ["RETRY_SECONDS", "TENSORBOARD_HINT", "TensorBoardLog", "render_loss"]
+__all__ = ["RETRY_SECONDS", "SCALARS", "TENSORBOARD_HINT", "TensorBoardLog", "render_loss",
+           "step_scalars"]
 
 logger = logging.getLogger(__name__)
 
 TENSORBOARD_HINT = ("TensorBoard events need the tensorboard package: pip install tensorboard "
                     "(or the extra: pip install 'pipetrain[tensorboard]'); the run trains without them")
 
-_SCALARS = {"loss": "train/loss", "val_loss": "train/val_loss", "lr": "train/lr",
+SCALARS = {"loss": "train/loss", "val_loss": "train/val_loss", "lr": "train/lr",
             "grad_norm": "train/grad_norm", "tokens_per_s": "speed/tokens_per_s",
             "seconds": "speed/step_seconds", "bubble": "speed/bubble"}
 """The fields of a step record written as scalars, and their TensorBoard tags."""
 RETRY_SECONDS = 30.0
 """Seconds after a failed write of the events before a new event file is tried."""
+
+
+def step_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The scalars of a step's record (its finite numbers), by their tags.
+
+    Example:
+        >>> step_scalars({"step": 3, "loss": 2.5, "lr": 0.01, "grad_norm": float("nan")})
+        {'train/loss': 2.5, 'train/lr': 0.01}
+    """
+    return {tag: float(record[field]) for field, tag in SCALARS.items()
+            if isinstance(record.get(field), (int, float)) and math.isfinite(record[field])}
 
 
 class TensorBoardLog:
@@ -125,8 +137,7 @@ class TensorBoardLog:
 
     def step(self, record: dict[str, Any]) -> None:
         """Write the scalars of one step's record (the finite numbers it has)."""
-        scalars = {tag: float(record[field]) for field, tag in _SCALARS.items()
-                   if isinstance(record.get(field), (int, float)) and math.isfinite(record[field])}
+        scalars = step_scalars(record)
         if scalars:
             self._write(scalars, int(record["step"]))
 

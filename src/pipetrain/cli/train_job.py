@@ -204,14 +204,15 @@ class _Run:
             args.folder, options, world_size=dist.get_world_size(), first_step=self.start + 1,
             history=None if self.resume is None else self.resume.run_folder,
             changes=None if self.resume is None else self.resume.changes,
-            checkpoint_step=self.saved_step)
+            checkpoint_step=self.saved_step, log=args.log)
         self.records.schedule = lambda: self.pipe.schedule()  # the step as it runs
         self.records.mesh = mesh_record(self.pipe.config)
         self.records.sources = record["sources"]
         self.records.command_line = record["command_line"]
         self.records.write()
-        if self.records.tensorboard.missing is not None:
-            sys.stderr.write(f"pipetrain train: note: {self.records.tensorboard.missing}\n")
+        for tracker in self.records.trackers:
+            if tracker.missing is not None:
+                sys.stderr.write(f"pipetrain train: note: {tracker.missing}\n")
         if self.resume is not None and self.pipe.loaded is not None:
             for warning in self.pipe.loaded.passed_over:
                 sys.stderr.write(f"pipetrain train: warning: {warning}\n")

@@ -129,6 +129,15 @@ _sample_bytes = _number(int, low=0, strict=False, what="an integer", high=1_000_
                             "`pipetrain sample` samples more from the checkpoint")
 
 
+def _trackers(text: str) -> str:
+    from pipetrain.cli.trackers import tracker_problem
+
+    problem = tracker_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem.split(": ", 1)[1])
+    return text
+
+
 _beta = _number(float, low=0.0, strict=False, what="a number", high=0.999999,
                 why="a decay rate below 1")
 
@@ -247,6 +256,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue the run in DIR (a run folder, or a checkpoint folder) from its checkpoint")
     add(data, "--sample-bytes", type=_sample_bytes, default=300,
         help="bytes of text to sample at the end (default 300; 0 = none)")
+    add(data, "--log", type=_trackers, default="tensorboard", metavar="NAME[,NAME]",
+        help="where the step scalars go besides metrics.json: tensorboard (default), wandb "
+             "(offline), mlflow (to mlruns/ in the run folder), a comma-separated list of "
+             "them, or none")
     add(data, "--config", default=None, metavar="FILE",
         help="a TOML file of options (any option by name, e.g. steps = 2000 or [pipeline] "
              "stages = 4); flags given here override it")

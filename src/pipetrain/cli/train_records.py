@@ -30,8 +30,9 @@ from typing import Any
 
 from pipetrain.cli.record_writes import RecordWrites
 from pipetrain.cli.run_folder import read_json, write_json
-from pipetrain.cli.run_logs import TensorBoardLog, render_loss
+from pipetrain.cli.run_logs import render_loss
 from pipetrain.cli.step_log import StepLog
+from pipetrain.cli.trackers import open_trackers
 from pipetrain.schedule import Schedule, TimedAction, simulate
 from pipetrain.trace import StepMeasure, measure_step, render_measured_timeline, write_chrome_trace
 
@@ -82,7 +83,7 @@ class RunRecords:
     def __init__(self, out: str, options: dict[str, Any], *, world_size: int, first_step: int,
                  history: str | None = None, changes: dict[str, tuple[Any, Any]] | None = None,
                  checkpoint_step: int | None = None,
-                 warn: Callable[[str], None] | None = None) -> None:
+                 warn: Callable[[str], None] | None = None, log: str = "tensorboard") -> None:
         self.out = out
         self.options = options
         self.world_size = world_size
@@ -128,8 +129,9 @@ class RunRecords:
         """The mesh that ran (:func:`pipetrain.api.mesh.mesh_record`), in metrics.json's
         config and the trace's metadata."""
         self._lock = threading.RLock()
-        self.tensorboard = TensorBoardLog(out, writes=self.writes)
-        """TensorBoard events of the run, in the run folder (see :mod:`.run_logs`)."""
+        self.trackers = open_trackers(log, out, options=options, writes=self.writes)
+        """TensorBoard events in the run folder (see :mod:`.run_logs`) and the other
+        trackers ``--log`` names (see :mod:`.trackers`)."""
 
     # -- recording ----------------------------------------------------------------------
     def _seen(self, record: dict[str, Any]) -> None:
@@ -164,13 +166,15 @@ class RunRecords:
             self._unlogged = None
             self._seen(record)
             self.steps.append(record)
-            self.tensorboard.step(record)
+            for tracker in self.trackers:
+                tracker.step(record)
 
     def close(self) -> None:
         """Close ``steps.jsonl`` and the TensorBoard events (the run ends)."""
         with self._lock:
             self.steps.close()
-            self.tensorboard.close()
+            for tracker in self.trackers:
+                tracker.close()
 
     def sync(self) -> None:
         """Put the steps recorded so far on disk (before a checkpoint is saved: the
@@ -187,7 +191,8 @@ class RunRecords:
             if self._unlogged is not None:  # its step ended, its validation did not
                 self.logged(self._unlogged)
             self.write()
-            self.tensorboard.flush()
+            for tracker in self.trackers:
+                tracker.flush()
 
     def summary(self) -> dict[str, Any]:
         """The summary block of ``metrics.json``."""
@@ -278,7 +283,8 @@ class RunRecords:
                 render_loss(self.steps.records(), path, title=title))) and drawn[0]:
             written.append("loss.png")
         if self.memory and self.last is not None:
-            self.tensorboard.memory(self.memory, int(self.last["step"]))
+            for tracker in self.trackers:
+                tracker.memory(self.memory, int(self.last["step"]))
         return written
 
 
