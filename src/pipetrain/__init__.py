@@ -25,6 +25,9 @@ _LAZY_NAMES = {
     "PipelineConfig": "pipetrain.api.config",
     "config_from_plan": "pipetrain.api.plan_config",
     "init_distributed": "pipetrain.runtime.process_group",
+    "train": "pipetrain.cli.python_train",
+    "TrainedRun": "pipetrain.cli.python_train",
+    "TrainFailed": "pipetrain.cli.python_train",
 }
 # torchgpipe-compatible submodules: ``pipetrain.skip``, ``pipetrain.balance``, ...
 _LAZY_MODULES = ("skip", "balance", "batchnorm", "microbatch", "checkpoint", "schedule")
