@@ -118,8 +118,9 @@ def _take(document: Document, block: list[tuple[int, str]], language: str) -> No
             current.shown.append(line)
 
 
-def _make_shared_files(workspace: Path) -> None:
-    """What the documents' commands read and do not show how to make."""
+def _make_shared_files(workspace: Path, document: Document) -> None:
+    """What the documents' commands read and do not show how to make (``profile.json``
+    only for a document whose commands or files read it: making it starts a profile)."""
     vgg = workspace / "vgg16"
     vgg.mkdir(exist_ok=True)
     vgg.joinpath("graph.txt").write_text("\n".join([  # PipeDream's graph.txt format
@@ -130,7 +131,9 @@ def _make_shared_files(workspace: Path) -> None:
         "\tnode1 -- node2", "\tnode2 -- node3", "\tnode3 -- node4"]) + "\n")
     corpus = workspace / "corpus.txt"
     corpus.write_text((ROOT / "README.md").read_text())
-    if not (workspace / "profile.json").exists():  # docs/planner.md says how, in prose
+    reads_profile = any("profile.json" in " ".join(c.argv) for c in document.commands) or any(
+        "profile.json" in text for text in document.files.values())
+    if reads_profile and not (workspace / "profile.json").exists():  # planner.md says how
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         made = subprocess.run([sys.executable, "-m", "pipetrain", "profile", *_SMALL_MODEL,
                                *_SMALL_RUN, "--microbatches", "2", "--repetitions", "3",
@@ -163,6 +166,18 @@ def _reduced(argv: list[str], index: int) -> list[str]:
     return [*argv, *extra]
 
 
+_RUN_ELSEWHERE = {
+    "train --stages 2 --replicas 2 --fsdp --tensor-parallel 2 --steps 5":
+        "tests/cli/test_train_mesh.py",
+}
+"""Commands another test runs as written, and checks more closely (8 workers: a minute
+here); :func:`test_the_commands_run_elsewhere_are_run_there` holds that test to it."""
+
+
+def _elsewhere(command: Command) -> str | None:
+    return _RUN_ELSEWHERE.get(shlex.join(command.argv))
+
+
 def _documents() -> list[Document]:
     return [d for d in map(read, DOCS) if d.commands]
 
@@ -171,13 +186,15 @@ def _documents() -> list[Document]:
 def test_every_command_of_the_document_runs_as_written(document: Document, tmp_path: Path) -> None:
     for name, text in document.files.items():
         (tmp_path / name).write_text(text)
-    _make_shared_files(tmp_path)
+    _make_shared_files(tmp_path, document)
     for command in document.commands:
         model = command.argv[command.argv.index("--model") + 1] if "--model" in command.argv else ""
         if model.startswith("./") and not (tmp_path / model).exists():
             _hf_folder(tmp_path, model)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
     for index, command in enumerate(document.commands):
+        if _elsewhere(command) is not None:
+            continue
         argv = _reduced(command.argv, index)
         if argv[0] in _IN_PROCESS:
             code, stdout, stderr = _run_here(argv, tmp_path)
@@ -225,3 +242,17 @@ def test_the_reader_finds_the_commands_files_and_shown_output() -> None:
                         ["train", "--schedule", "pipedream", "--vertical-sync"]]
     schedules = read(ROOT / "docs" / "schedules.md")
     assert "my-1f1b.txt" in schedules.files and "rank 1:" in schedules.files["my-1f1b.txt"]
+
+
+def test_the_commands_run_elsewhere_are_run_there() -> None:
+    """Each command this test leaves to another is in a document, and that test passes
+    each of its flags with its value."""
+    commands = {shlex.join(c.argv) for d in _documents() for c in d.commands}
+    for command, test in _RUN_ELSEWHERE.items():
+        assert command in commands, f"no document shows `pipetrain {command}` any more"
+        text = (ROOT / test).read_text()
+        argv = shlex.split(command)[1:]
+        for flag, value in zip(argv, [*argv[1:], ""]):
+            if flag.startswith("--"):
+                shown = f'"{flag}", "{value}"' if value and not value.startswith("--") else f'"{flag}"'
+                assert shown in text, f"{test} does not pass {shown} of `pipetrain {command}`"

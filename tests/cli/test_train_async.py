@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train_runs import refused_here
 from pipetrain.cli.main import build_parser
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.train_checks import prepare
@@ -105,5 +106,5 @@ def test_a_run_and_its_resume(tmp_path: Path) -> None:
     steps = json.loads((out / "metrics.json").read_text())["steps"]
     assert [s["step"] for s in steps] == list(range(1, 7))
     assert all(s["loss"] > 0 and 0 <= s["bubble"] < 1 for s in steps)
-    refused = train("--steps", "8", "--schedule", "1f1b", "--resume", str(out))
+    refused = refused_here(["train", "--steps", "8", "--schedule", "1f1b", "--resume", str(out)])
     assert refused.returncode == 2 and "differs from the resumed run's --schedule 2bw in kind" in refused.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.train_runs import recorded_losses, run_train
+from helpers.train_runs import recorded_losses, refused_here, run_train
 
 pytestmark = pytest.mark.distributed
 
@@ -99,8 +99,8 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
 
 
 def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> None:
-    done = _train("--stages", "9", "--schedule", "zigzag", "--data", str(tmp_path / "none.txt"),
-                  out=tmp_path / "bad", timeout=60)
+    done = refused_here(["train", *SMALL, "--stages", "9", "--schedule", "zigzag", "--data",
+                         str(tmp_path / "none.txt"), "--out", str(tmp_path / "bad")])
     assert done.returncode == 2
     assert "more stages than layers: 9 stages for 4 layers" in done.stderr
     assert "unknown schedule 'zigzag'" in done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.train_runs import recorded_losses, run_train
+from helpers.train_runs import recorded_losses, refused_here, run_train
 
 pytestmark = pytest.mark.distributed
 
@@ -52,20 +52,20 @@ def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: P
 
 
 def test_what_fsdp_cannot_run_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
-    done = _train(*GPT, "--stages", "2", "--replicas", "2", "--fsdp", "--schedule", "zb-h1",
-                  "--precision", "bf16", out=tmp_path / "bad", timeout=60)
+    done = refused_here(["train", *SMALL, *GPT, "--stages", "2", "--replicas", "2", "--fsdp",
+                         "--schedule", "zb-h1", "--precision", "bf16", "--out", str(tmp_path / "bad")])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--fsdp: schedule 'zb-h1' splits each backward" in done.stderr
     assert "fix: --schedule 1f1b" in done.stderr
     assert "--fsdp with --precision bf16 is not available yet" in done.stderr
     assert "starting" not in done.stderr
-    done = _train("--layers", "2", "--width", "30", "--heads", "3", "--dropout", "0.1",
-                  "--tensor-parallel", "2", out=tmp_path / "bad", timeout=60)
+    done = refused_here(["train", *SMALL, "--layers", "2", "--width", "30", "--heads", "3",
+                         "--dropout", "0.1", "--tensor-parallel", "2", "--out", str(tmp_path / "bad")])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--heads 3 / --width 30 do not divide by 2" in done.stderr
     assert "--dropout 0.1 with --tensor-parallel 2" in done.stderr
-    done = _train("--model", "my_model.py:build", "--tensor-parallel", "2", out=tmp_path / "bad",
-                  timeout=60)
+    done = refused_here(["train", *SMALL, "--model", "my_model.py:build", "--tensor-parallel", "2",
+                         "--out", str(tmp_path / "bad")])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--tensor-parallel 2 splits pipetrain's GPT only" in done.stderr
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers.train_runs import recorded_losses, run_train
+from helpers.train_runs import recorded_losses, refused_here, run_train
 from pipetrain.api.lr_schedule import lr_factor
 from pipetrain.cli.main import build_parser
 from pipetrain.cli.train_checks import prepare
@@ -102,9 +102,8 @@ def test_sgd_with_a_linear_schedule_trains_as_plain_pytorch(tmp_path: Path) -> N
     record = json.loads((tmp_path / "run" / "config.json").read_text())["optimizer"]
     assert (record["class"], record["source"], record["settings"]["weight_decay"]) == (
         "SGD", "the options", 0.01)
-    again = run_train(SMALL, "--resume", str(tmp_path / "run"), "--steps", "6",
-                      "--optimizer", "adamw", "--momentum", "0.8", out=tmp_path / "run",
-                      timeout=60)
+    again = refused_here(["train", *SMALL, "--resume", str(tmp_path / "run"), "--steps", "6",
+                          "--optimizer", "adamw", "--momentum", "0.8", "--out", str(tmp_path / "run")])
     assert again.returncode == 2
     assert "--optimizer adamw differs from the resumed run's --optimizer sgd" in again.stderr
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train_runs import refused_here
 from pipetrain.plan import Plan, PlanStage
 
 pytestmark = pytest.mark.distributed
@@ -61,11 +62,11 @@ def test_plans_that_do_not_fit_the_run_are_refused(tmp_path: Path) -> None:
     other = Plan(stages=(PlanStage(nodes=(0, 1, 2, 3, 4), replicas=1), PlanStage(nodes=(5,), replicas=1)),
                  cost_model="pipedream", time_per_step=1.0, num_workers=2)
     other.save(tmp_path / "other.json")
-    done = _train("--plan", str(tmp_path / "other.json"), "--stages", "2", timeout=60)
+    done = refused_here(["train", *TINY, "--plan", str(tmp_path / "other.json"), "--stages", "2"])
     assert done.returncode == 2
     assert "--plan sets the stages and replicas; fix: leave out --stages" in done.stderr
     assert "cuts 6 layers" in done.stderr and "the model has 4 layers" in done.stderr
-    done = _train("--balance", "1,1", timeout=60)
+    done = refused_here(["train", *TINY, "--balance", "1,1"])
     assert done.returncode == 2 and "--balance 1,1 gives 2 stages of 2 layers" in done.stderr
 
 

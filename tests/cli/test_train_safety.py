@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.train_runs import refused_here
+
 pytestmark = pytest.mark.distributed
 
 TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
@@ -119,10 +121,10 @@ def test_a_resume_survives_a_leftover_save_and_keeps_the_run_history(tmp_path: P
     leftover.mkdir()
     (leftover / "__1_0.distcp").write_bytes(b"half deleted")
 
-    nothing = _train("--resume", str(out), timeout=60)
+    nothing = refused_here(["train", *TINY, "--resume", str(out)])
     assert nothing.returncode == 2
     assert "nothing to do" in nothing.stderr and "at step 4" in nothing.stderr and "--steps 104" in nothing.stderr
-    wider = _train("--resume", str(out), "--steps", "6", "--width", "32", timeout=60)
+    wider = refused_here(["train", *TINY, "--resume", str(out), "--steps", "6", "--width", "32"])
     assert wider.returncode == 2 and "--width 32 differs from the resumed run's --width 16" in wider.stderr
 
     more = _train("--resume", str(out), "--steps", "6", "--lr", "1e-3")
@@ -223,7 +225,7 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
 def test_option_mistakes_are_named_in_flags_before_any_worker_starts(args: list[str], phrases: list[str]) -> None:
     """Bugs: --batch-size 2 --microbatches 8 silently ran 2 micro-batches; --schedule foo
     listed 'forward', which train rejects; fixes quoted API names instead of flags."""
-    done = _train(*args, timeout=60)
+    done = refused_here(["train", *TINY, *args])
     assert done.returncode == 2
     for phrase in phrases:
         assert phrase in done.stderr, (phrase, done.stderr)
@@ -237,7 +239,7 @@ def test_data_that_is_empty_or_not_text_is_refused(tmp_path: Path) -> None:
     empty.write_bytes(b"")
     binary.write_bytes(bytes(range(256)) * 8)
     for path, phrase in ((empty, "is empty"), (binary, "does not look like text (a NUL byte at offset 0)")):
-        done = _train("--data", str(path), timeout=60)
+        done = refused_here(["train", *TINY, "--data", str(path)])
         assert done.returncode == 2 and phrase in _last_line(done.stderr), done.stderr
 
 

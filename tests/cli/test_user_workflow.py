@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from helpers.train_runs import refused_here
+
 pytestmark = pytest.mark.distributed
 
 SHAPE = ["--layers", "2", "--width", "16", "--heads", "2", "--context", "16"]
@@ -106,8 +108,9 @@ def test_profile_plan_and_train_with_the_plan_record_what_ran(tmp_path: Path) ->
     last = metrics["summary"]["last_step"]
     assert 0.5 < last["simulated_makespan_seconds"] / last["makespan_seconds"] < 2.0
     # a plan made for another model of as many layers is refused, naming both
-    other = _pipetrain("train", "--layers", "2", "--width", "32", "--heads", "2", "--context", "16",
-                       *QUIET, "--steps", "2", "--plan", "plan.json", "--out", "other", cwd=tmp_path)
+    other = refused_here(["train", "--layers", "2", "--width", "32", "--heads", "2", "--context",
+                          "16", *QUIET, "--steps", "2", "--plan", "plan.json", "--out", "other"],
+                         cwd=tmp_path)
     assert other.returncode == 2 and "was made from a profile of another model" in other.stderr
 
 
