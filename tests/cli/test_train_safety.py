@@ -275,7 +275,7 @@ def test_a_resume_of_a_folder_without_a_checkpoint_is_one_line(tmp_path: Path, f
     else:
         run.mkdir()
         (run / "notes.txt").write_text("not a run")
-    done = _train("--resume", str(run), "--steps", "5", timeout=60)
+    done = refused_here(["train", *TINY, "--resume", str(run), "--steps", "5"])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert f"{str(run)!r} holds no complete checkpoint" in _last_line(done.stderr)
 
