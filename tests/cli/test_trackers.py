@@ -70,7 +70,7 @@ def test_wandb_and_mlflow_get_every_steps_scalars_offline_and_a_resume_continues
                          log="tensorboard,wandb,mlflow")
     _train(records, range(1, 4))
     records.close()
-    init = wandb_calls[0][1]
+    init = wandb_calls[0][1]  # W&B and MLflow hold the losses TensorBoard holds
     assert (init["mode"], init["dir"], init["config"], init["id"]) == (
         "offline", str(tmp_path), {"lr": 1e-3}, None)
     logged = [c for c in wandb_calls if c[0] == "log"]
@@ -84,7 +84,12 @@ def test_wandb_and_mlflow_get_every_steps_scalars_offline_and_a_resume_continues
         (1, 4.9), (2, 4.8), (3, 4.7)]
     assert json.loads((tmp_path / "trackers.json").read_text()) == {"wandb": "w123",
                                                                     "mlflow": "m456"}
-    assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tensorboard = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert tensorboard == [(step, pytest.approx(s["train/loss"])) for _, step, s in logged]
     # the resumed run continues the same tracker runs
     wandb_calls.clear()
     mlflow_calls.clear()
