@@ -4,13 +4,14 @@ step, and a Pipeline trained on them (loss_per="token") equal to one process."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from helpers.distributed import run_workers
-from helpers.sample_jobs import documents, samples_job, samples_reference
+from helpers.sample_jobs import documents, samples_job, samples_reference, samples_resume_job
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.step_batches import StepSplitter
 from pipetrain.data import IGNORE_INDEX, SampleDataset
@@ -155,6 +156,18 @@ def test_packed_and_padded_documents_train_as_one_process() -> None:
             assert worst < TOLERANCE and loss_error < TOLERANCE, (pack, config, worst, loss_error)
         else:
             assert loss_error > 1e-4, "weighing by samples matched: the test shows nothing"
+
+
+@pytest.mark.distributed
+def test_a_resume_mid_epoch_gives_the_uninterrupted_losses_bit_for_bit(tmp_path: Path) -> None:
+    """2 stages x 2 replicas on padded documents: 3 steps straight, and 1 step, a save, a
+    new Pipeline that loads it and trains steps 2-3 on a new dataset: the same losses."""
+    config = {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "1f1b",
+              "loss_per": "token"}
+    results = run_workers(samples_resume_job, 4, config, False, str(tmp_path / "ckpt"), 3,
+                          timeout=300)
+    whole, resumed = results[0]
+    assert len(whole) == len(resumed) == 3 and whole == resumed
 
 
 @pytest.mark.parametrize("module", ["pipetrain.data.samples", "pipetrain.api.step_batches"])

@@ -123,6 +123,20 @@ def test_a_frozen_peer_ends_the_run_in_time_and_the_history_is_kept(tmp_path: Pa
     assert metrics["stopped"]["reason"] == "error"
     assert len(steps) <= metrics["stopped"]["at_step"] <= len(steps) + 1
     assert "rank 1 stopped answering" in metrics["stopped"]["message"]
+    # where the ranks were: rank 0's report (what it waited for, from rank 1 when in the
+    # step), the frozen rank named as silent, in one line of the launcher
+    report = json.loads((out / "hang" / "rank0.json").read_text())
+    assert not (out / "hang" / "rank1.json").exists()
+    where = next(line for line in output.splitlines()
+                 if line.startswith("pipetrain train: where the ranks were: "))
+    assert "rank 1 left no report (killed or frozen)" in where, where
+    if report["waits_for"] is not None and report["waits_for"]["kind"] != "collective":
+        assert report["waits_for"]["from_rank"] == 1
+        assert f"micro-batch {report['waits_for']['microbatch']} from stage 1 (rank 1)" in where
+    else:  # the freeze found rank 0 in a collective of the run, or computing
+        assert any(f"rank 0 {form}" in where for form in (
+            "was between steps", "waited", "was running")), where
+    assert report["done"], report  # the actions it completed last
 
 
 def test_hosts_launched_with_different_options_are_refused_by_name(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_the_last_line_names_rank_stage_step_checkpoint_and_the_resume(
     started = time.time() - 1
     (out / "metrics.json").write_text(json.dumps(
         {"steps": [{"step": 37}], "stopped": {"reason": "error", "at_step": 37}}))
-    monkeypatch.setattr(worker_death, "_checkpoint_step", lambda folder: 30)
+    monkeypatch.setattr(worker_death, "intact_checkpoint_step", lambda folder: 30)
     args = _args("--stages", "2", "--save-every", "10", "--out", str(out))
     error = LaunchError("x", rank=1, exitcode=-9, worker_message="", exitcodes={1: -9, 0: 1})
     assert _failure_line(error, args, started) == (

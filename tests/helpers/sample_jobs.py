@@ -50,3 +50,30 @@ def samples_job(ctx: Any, runs: list[tuple[bool, dict[str, Any]]],
         results.append((_snapshot(pipe), losses))
         pipe.close()
     return results
+
+
+def samples_resume_job(ctx: Any, config: dict[str, Any], pack: bool, path: str,
+                       steps: int) -> tuple[list[float], list[float]]:
+    """``steps`` straight, and the same in two sessions (a save after the first step, a new
+    Pipeline loading it): both sessions' losses, each step's batch from the dataset."""
+    from pipetrain.api.pipeline import Pipeline
+
+    def pipeline() -> Any:
+        return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
+                        ties=gpt_ties(GPT), context=ctx,
+                        config=PipelineConfig(clip_grad_norm=0.5, **config))
+
+    data = dataset(pack)
+    straight = pipeline()
+    whole = [straight.train_step(*data.batch(step, BATCH)) for step in range(steps)]
+    straight.close()
+    first = pipeline()
+    resumed = [first.train_step(*data.batch(0, BATCH))]
+    first.save(path)
+    first.close()
+    second = pipeline()
+    second.load(path)
+    fresh = dataset(pack)  # a new process's dataset: the step alone says what it holds
+    resumed += [second.train_step(*fresh.batch(step, BATCH)) for step in range(second.step, steps)]
+    second.close()
+    return whole, resumed

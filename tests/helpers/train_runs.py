@@ -52,3 +52,38 @@ def refused_here(argv: Sequence[str], *, cwd: Path | None = None) -> subprocess.
         pipetrain.launch.launch_local = launch  # type: ignore[assignment]
         os.chdir(before)
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
+
+
+def one_process_losses(options: Sequence[str]) -> list[float]:
+    """The per-step losses of ``pipetrain train OPTIONS`` for pipetrain's GPT trained in
+    this process as plain PyTorch (one model, the command's optimizer, LR schedule,
+    clipping, batches and seed, from the same factories): what any pipeline of the same
+    options must match."""
+    import torch
+
+    from pipetrain.cli.main import build_parser
+    from pipetrain.cli.run_model import run_dataset
+    from pipetrain.cli.train_checks import prepare
+    from pipetrain.cli.train_optimizer import training_factories
+    from pipetrain.cli.train_options import gpt_config
+    from pipetrain.models import build_gpt, gpt_loss
+
+    config, _, problems = prepare(build_parser().parse_args(["train", *options]))
+    assert not problems and config.model == "gpt", problems
+    dataset, _ = run_dataset(config)
+    model = build_gpt(gpt_config(config), seed=config.seed)
+    make_optimizer, make_scheduler, _ = training_factories(config, {})
+    optimizer = make_optimizer(model.parameters())
+    scheduler = make_scheduler(optimizer)
+    losses = []
+    for step in range(config.steps):
+        inputs, targets = dataset.batch(step, config.step_batch_size)
+        loss = gpt_loss(model(inputs), targets)
+        losses.append(loss.item())
+        loss.backward()
+        if config.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return losses

@@ -100,6 +100,7 @@ class RunConfig:
     resume: str | None = None
     sample_bytes: int = 300
     log: str = "tensorboard"
+    max_restarts: int = 0
     timeout: float = 300.0
     config: str | None = None
     # provenance

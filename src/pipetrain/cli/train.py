@@ -104,16 +104,39 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"pipetrain train: starting {config.num_workers} worker"
                          f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
         sys.stderr.flush()
+    from pipetrain.cli.restarts import RESTARTS_ENV, restart_record, restarted_argv
+    from pipetrain.cli.stuck_report import stuck_line
+
     argv = _argv_with_out(sys.argv[1:], out)
-    started = time.time()
-    try:  # the workers record the command line as typed, not as the launcher passes it on
-        launch_local(config.num_workers, argv,
-                     environment={COMMAND_LINE_ENV: json.dumps(sys.argv[1:])})
-    except LaunchError as error:
-        return _fail([_failure_line(error, config, started)], 2 if error.exitcode == 2 else 1)
-    except LaunchInterrupted as error:
-        return _interrupted(out, error.signal_number)
-    return 0
+    restarts: list[dict[str, Any]] = []
+    while True:
+        started = time.time()
+        try:  # the workers record the command line as typed, not as the launcher passes it on
+            launch_local(config.num_workers, argv,
+                         environment={COMMAND_LINE_ENV: json.dumps(sys.argv[1:]),
+                                      RESTARTS_ENV: json.dumps(restarts)})
+        except LaunchError as error:
+            line = _failure_line(error, config, started)
+            stuck = stuck_line(out, since=started, world_size=config.num_workers)
+            if stuck is not None:
+                sys.stderr.write(f"pipetrain train: where the ranks were: {stuck}\n")
+            if not config.max_restarts:
+                return _fail([line], 2 if error.exitcode == 2 else 1)
+            restart, why = restart_record(out, cause=line, exitcode=error.exitcode,
+                                          done=len(restarts), limit=config.max_restarts,
+                                          failed_at=time.time())
+            if restart is None:
+                return _fail([f"{line} (not restarted: {why})"], 2 if error.exitcode == 2 else 1)
+            restarts.append(restart)
+            sys.stderr.write(f"pipetrain train: restart {restart['number']} of "
+                             f"{config.max_restarts}: {line}; restarting from the checkpoint "
+                             f"at step {restart['resumed_from_step']}\n")
+            sys.stderr.flush()
+            argv = restarted_argv(argv, out)
+            continue
+        except LaunchInterrupted as error:
+            return _interrupted(out, error.signal_number)
+        return 0
 
 
 def _failure_line(error: Any, args: RunConfig, started: float) -> str:

@@ -57,6 +57,7 @@ from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
 from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.process_group import init_distributed
+from pipetrain.runtime.rank_report import rank_report
 from pipetrain.trace import ProgressBar, measure_step
 
 __all__ = ["plain_number", "train_worker"]
@@ -346,7 +347,9 @@ class _Run:
 
     def _forced_exit(self, failure: PeerFailure) -> None:
         """End a worker that a peer's failure left blocked (from the monitor's thread):
-        its records and its one-line message first, then the exit status of a failure."""
+        its records, where it was and its one-line message first, then the exit status of a
+        failure."""
+        self._write_rank_report()
         if self.records is not None:
             self.records.stop({"reason": "error", "at_step": self.pipe.step,
                                "message": str(failure).splitlines()[0][:500],
@@ -355,9 +358,20 @@ class _Run:
         sys.stdout.flush()
         os._exit(status)
 
+    def _write_rank_report(self) -> None:
+        """``hang/rank<R>.json``: where this rank is (see :mod:`pipetrain.runtime.rank_report`)."""
+        try:
+            os.makedirs(os.path.join(self.args.folder, "hang"), exist_ok=True)
+            write_json(os.path.join(self.args.folder, "hang", f"rank{self.rank}.json"),
+                       rank_report(self.pipe.executor, step=self.pipe.step))
+        except Exception:  # a description only: the failure itself is what the run reports
+            logger.debug("could not write rank %d's report", self.rank, exc_info=True)
+
     def _write_failure(self, error: BaseException) -> None:
-        """Keep the records of a run that fails (no collective here: peers may be gone)."""
+        """Keep the records of a run that fails, and where this rank was (its action, the
+        message it waited for: ``hang/rank<R>.json``); no collective here: peers may be gone."""
         self._close_bar()
+        self._write_rank_report()
         if self.records is None:
             return
         self.records.stopped = {"reason": "error", "at_step": self.pipe.step,

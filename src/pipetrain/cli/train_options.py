@@ -260,6 +260,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the step scalars go besides metrics.json: tensorboard (default), wandb "
              "(offline), mlflow (to mlruns/ in the run folder), a comma-separated list of "
              "them, or none")
+    add(data, "--max-restarts", type=_count, default=0, metavar="N",
+        help="when a worker dies or the job fails, restart the workers from the newest "
+             "checkpoint (see --save-every), up to N times (default 0: the run ends)")
     add(data, "--config", default=None, metavar="FILE",
         help="a TOML file of options (any option by name, e.g. steps = 2000 or [pipeline] "
              "stages = 4); flags given here override it")

@@ -24,11 +24,13 @@ import logging
 import os
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pipetrain.cli.record_writes import RecordWrites
+from pipetrain.cli.restarts import restarts_seen
 from pipetrain.cli.run_folder import read_json, write_json
 from pipetrain.cli.run_logs import render_loss
 from pipetrain.cli.step_log import StepLog
@@ -89,9 +91,12 @@ class RunRecords:
         self.world_size = world_size
         self.writes = RecordWrites() if warn is None else RecordWrites(warn=warn)
         self.segments: list[dict[str, Any]] = []
+        earlier: dict[str, Any] = {}
         if history is not None:
             earlier = read_json(os.path.join(history, "metrics.json")) or {}
             self.segments = [dict(g) for g in earlier.get("segments", []) if g.get("first_step", 0) < first_step]
+        self.restarts = restarts_seen(earlier.get("restarts"))
+        """The run's automatic restarts (see :mod:`.restarts`)."""
         self.segments.append({
             "first_step": first_step,
             "args": options,
@@ -151,6 +156,9 @@ class RunRecords:
             self.session_count += 1
             if self.session_first is None:
                 self.session_first = record
+                back = self.restarts[-1] if self.restarts else None
+                if back is not None and "failed_at_unix" in back and "seconds_to_next_step" not in back:
+                    back["seconds_to_next_step"] = round(time.time() - back["failed_at_unix"], 2)
             self._window.append(_Measured(
                 float(record["seconds"]), float(record["tokens_per_s"]), measure.bubble_fraction,
                 tuple(measure.busy[r] for r in range(self.world_size)),
@@ -237,6 +245,7 @@ class RunRecords:
             "checkpoint": None if self.checkpoint_step is None else {"step": self.checkpoint_step,
                                                                      "folder": "checkpoint"},
             "stopped": self.stopped,
+            "restarts": self.restarts,
             "memory": self.memory,
             "sample": self.sample,
         }

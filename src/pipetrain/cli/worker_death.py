@@ -17,7 +17,7 @@ import os
 import signal
 from typing import Any
 
-__all__ = ["death_line"]
+__all__ = ["death_line", "intact_checkpoint_step"]
 
 
 def _replica_counts(args: Any) -> tuple[int, ...]:
@@ -78,8 +78,14 @@ def _last_step(out: str, started: float) -> tuple[int, bool] | None:
         return None
 
 
-def _checkpoint_step(out: str) -> int | None:
-    """The step of the checkpoint a ``--resume`` of ``out`` would continue from."""
+def intact_checkpoint_step(out: str) -> int | None:
+    """The step of the checkpoint a ``--resume`` of ``out`` would continue from (None:
+    there is none intact).
+
+    Example:
+        >>> intact_checkpoint_step("/nonexistent/run") is None
+        True
+    """
     from pipetrain.api.checkpoint_files import find_intact
 
     try:
@@ -104,7 +110,7 @@ def death_line(args: Any, *, rank: int, exitcode: int, started: float) -> str:
     step = _last_step(args.out, started)
     after = "" if step is None else f" after step {step[0]}" if step[1] else (
         f" after step {step[0]} or later (the last one recorded)")
-    checkpoint = _checkpoint_step(args.out)
+    checkpoint = intact_checkpoint_step(args.out)
     head = f"worker rank {rank}{_where(args, rank)} {how}{after}"
     if checkpoint is None and args.save_every:
         return (f"{head}; no checkpoint was saved yet (the first was due at step "

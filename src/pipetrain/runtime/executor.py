@@ -14,7 +14,7 @@ trace, the timeline picture and the measured bubble are made from.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -131,6 +131,11 @@ class RankExecutor:
         self._preposted: set[tuple[Channel, int]] = set()
         self._last_input: Any = None
         self._in_loss = False
+        self.current: tuple[Action, float] | None = None
+        """The action running now and when it began (``time.monotonic``); after a failure,
+        the action that failed (see :func:`pipetrain.runtime.rank_report.rank_report`)."""
+        self.recent: deque[str] = deque(maxlen=8)
+        """The last actions completed, oldest first."""
 
     # -- helpers ----------------------------------------------------------------------
     def _local(self, stage: int, microbatch: int) -> bool:
@@ -204,6 +209,7 @@ class RankExecutor:
         origin = clock() if origin is None else origin
         for action in actions:
             start = clock()
+            self.current = (action, time.monotonic())
             try:
                 versions = self.versions.get(action.stage) if action.op in _WEIGHTED else None
                 if versions is None or action.microbatch is None:
@@ -220,8 +226,10 @@ class RankExecutor:
                 if hasattr(error, "add_note") and not any(n.startswith(_NOTE) for n in notes):
                     error.add_note(self._describe_failure(action))
                 raise
+            self.recent.append(str(action))
             if record is not None:
                 record.append(TimedAction(self.rank, action, start - origin, clock() - origin))
+        self.current = None
         self.transport.flush()
 
     def _describe_failure(self, action: Action) -> str:

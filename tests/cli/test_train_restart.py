@@ -1,0 +1,109 @@
+"""``--max-restarts N``: a job whose worker is killed restarts from its newest checkpoint
+and finishes with the losses of a run never killed, one history and the restart recorded;
+what cannot be helped by a restart (no checkpoint, a usage error, a non-finite stop, no
+restarts left) ends the run as before, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipetrain.cli import restarts
+
+TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
+        "--microbatches", "2", "--warmup", "2", "--eval-every", "0", "--sample-bytes", "0",
+        "--stages", "2", "--schedule", "1f1b", "--steps", "40", "--save-every", "4"]
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def _rank(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(e[5:]) for e in environ if e.startswith(b"RANK=")), None)
+
+
+def _steps(out: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines() if line]
+    except (OSError, ValueError):
+        return []
+
+
+def test_what_a_restart_cannot_help_ends_the_run_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = str(tmp_path)
+    assert restarts.restart_record(out, cause="x", exitcode=-9, done=0, limit=2,
+                                   failed_at=0.0)[1].startswith("no checkpoint to restart from")
+    monkeypatch.setattr("pipetrain.cli.worker_death.intact_checkpoint_step", lambda folder: 8)
+    (tmp_path / "steps.jsonl").write_text("".join(
+        json.dumps({"step": s, "seconds": 0.5}) + "\n" for s in range(1, 11)))
+    record, _ = restarts.restart_record(out, cause="worker rank 1 was killed", exitcode=-9,
+                                        done=1, limit=2, failed_at=100.0)
+    assert record is not None
+    assert (record["number"], record["after_step"], record["resumed_from_step"],
+            record["steps_lost"], record["seconds_lost"]) == (2, 10, 8, 2, 1.0)
+    assert restarts.restart_record(out, cause="x", exitcode=-9, done=2, limit=2,
+                                   failed_at=0.0)[1] == "after 2 restarts (--max-restarts 2)"
+    assert "mistake in the options" in restarts.restart_record(
+        out, cause="x", exitcode=2, done=0, limit=2, failed_at=0.0)[1]
+    (tmp_path / "metrics.json").write_text(json.dumps({"steps": [], "stopped": {"reason": "nonfinite"}}))
+    assert "non-finite" in restarts.restart_record(out, cause="x", exitcode=1, done=0, limit=2,
+                                                   failed_at=0.0)[1]
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers in /proc")
+def test_a_killed_worker_restarts_and_the_run_ends_as_if_never_killed(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    command = [sys.executable, "-m", "pipetrain", "train", *TINY]
+    launcher = subprocess.Popen([*command, "--max-restarts", "2", "--out", str(tmp_path / "run")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    kill_after = random.Random().randint(5, 15)  # a step after the first checkpoint (4)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = len(_steps(tmp_path / "run"))
+            workers = {_rank(pid): pid for pid in _children(launcher.pid)}
+            if done >= kill_after and 1 in workers:
+                os.kill(workers[1], signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"no step {kill_after} with a worker of rank 1 in 120 s")
+        _, stderr = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "pipetrain train: restart 1 of 2: worker rank 1 (stage 1) was killed by SIGKILL" in stderr
+    straight = subprocess.run([*command, "--out", str(tmp_path / "straight")], capture_output=True,
+                              text=True, timeout=240, env=env)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert [s["step"] for s in metrics["steps"]] == list(range(1, 41))  # one history
+    assert [s["loss"] for s in metrics["steps"]] == [s["loss"] for s in expected["steps"]]
+    (restart,) = metrics["restarts"]
+    assert restart["number"] == 1 and "killed by SIGKILL" in restart["cause"]
+    assert restart["resumed_from_step"] % 4 == 0
+    assert restart["resumed_from_step"] <= restart["after_step"] >= kill_after - 1
+    assert restart["steps_lost"] == restart["after_step"] - restart["resumed_from_step"]
+    assert 0 < restart["seconds_to_next_step"] < 120
+    assert [g["first_step"] for g in metrics["segments"]] == [1, restart["resumed_from_step"] + 1]
