@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train_runs import refused_here
+
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.distributed
 
@@ -44,6 +46,7 @@ def test_hf_model_trains_and_the_loss_falls(tmp_path: Path, model: str) -> None:
 
 
 def test_hf_model_refuses_a_layer_balance(tmp_path: Path) -> None:
-    done = _train("--model", "hf-gpt2", "--steps", "1", "--balance", "2,2", out=tmp_path / "run")
-    assert done.returncode != 0
-    assert "--balance auto" in done.stderr + done.stdout
+    done = refused_here(["train", *SMALL, "--model", "hf-gpt2", "--steps", "1", "--balance",
+                         "2,2", "--out", str(tmp_path / "run")])
+    assert done.returncode == 2
+    assert "--balance auto" in done.stderr
