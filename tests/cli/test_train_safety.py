@@ -179,6 +179,12 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
             time.sleep(0.2)
         else:
             pytest.fail("the run saved no checkpoint in 120 s")
+        # where are the ranks? asked of the launcher: each worker answers in the run folder
+        os.kill(process.pid, signal.SIGUSR1)
+        reports = [out / "hang" / f"rank{rank}.json" for rank in (0, 1)]
+        while not all(r.exists() for r in reports) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3.5)  # the launcher says what they answered 3 s after asking
         os.killpg(process.pid, signal.SIGINT)
         for _ in range(8):  # impatient Ctrl-Cs while the workers save and exit
             time.sleep(0.25)
@@ -191,6 +197,10 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
     assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    asked = next(line for line in stderr.splitlines()
+                 if line.startswith("pipetrain train: where the ranks are: "))
+    assert "rank 0 " in asked and "rank 1 " in asked and "left no report" not in asked, asked
+    assert all(json.loads(r.read_text())["done"] for r in reports)
     line = _last_line(stderr)
     assert line.startswith("pipetrain train: interrupted by SIGINT after step"), line
     assert f"pipetrain train --resume {out}" in line and "Traceback" not in stderr

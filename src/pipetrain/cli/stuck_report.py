@@ -1,8 +1,10 @@
-"""The launcher's summary of where a failed job's ranks were: each rank that waited for a
-message, the message (kind, micro-batch, the stage and rank that should have sent it) and
-for how long, and the ranks that wrote no report (killed, or frozen): from the reports the
-workers write into the run folder when a step fails (``hang/rank<R>.json``, see
-:mod:`pipetrain.runtime.rank_report`).
+"""The launcher's summary of where a job's ranks were: each rank that waited for a message,
+the message (kind, micro-batch, the stage and rank that should have sent it) and for how
+long, and the ranks that wrote no report (killed, or frozen): from the reports the workers
+write into the run folder (``hang/rank<R>.json``, see :mod:`pipetrain.runtime.rank_report`)
+when a step fails, or when the launcher asks them (SIGUSR1 to ``pipetrain train``: the
+launcher touches ``hang/request``, which each worker watches from a thread of its own, so a
+rank blocked in a collective answers too).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import glob
 import os
 from typing import Any
 
-__all__ = ["stuck_line"]
+__all__ = ["REQUEST", "ask_ranks", "stuck_line", "watch_requests"]
+
+REQUEST = "request"
+"""The file in ``RUN/hang/`` whose new modification time asks every worker for its report."""
 
 
 def _what(report: dict[str, Any]) -> str:
@@ -22,9 +27,10 @@ def _what(report: dict[str, Any]) -> str:
             f"{wait['from_stage']} (rank {wait['from_rank']})")
 
 
-def stuck_line(out: str, *, since: float, world_size: int) -> str | None:
-    """One line on where the ranks of the job that failed in ``out`` were (reports written
-    after ``since``, a ``time.time()``), or None when no rank waited for a message.
+def stuck_line(out: str, *, since: float, world_size: int, always: bool = False) -> str | None:
+    """One line on where the ranks of the job in ``out`` were (reports written after
+    ``since``, a ``time.time()``), or None when no rank waited for a message and none is
+    silent (``always``: the line all the same, as asked for with SIGUSR1).
 
     Example:
         >>> import json, tempfile
@@ -49,7 +55,7 @@ def stuck_line(out: str, *, since: float, world_size: int) -> str | None:
         if isinstance(report, dict) and isinstance(report.get("rank"), int):
             reports[report["rank"]] = report
     silent = [r for r in range(world_size) if r not in reports]
-    if not silent and not any(r.get("waits_for") for r in reports.values()):
+    if not always and not silent and not any(r.get("waits_for") for r in reports.values()):
         return None  # every rank failed in its own work: its error says what
     parts = [_where(reports[rank]) for rank in sorted(reports)]
     if silent:
@@ -66,5 +72,69 @@ def _where(report: dict[str, Any]) -> str:
         return (f"rank {rank} waited {float(report['seconds'] or 0):.0f} s in {report['action']} "
                 f"for {_what(report)}")
     if report.get("action") is None:
-        return f"rank {rank} was between steps (in a collective of every rank)"
+        return f"rank {rank} was between steps (in the run's own work or a collective of every rank)"
     return f"rank {rank} was running {report['action']}"
+
+
+def ask_ranks(out: str, *, world_size: int, wait: float = 3.0,
+              say: Any = None) -> None:
+    """Ask every worker of the job in ``out`` where it is, and after ``wait`` seconds say
+    (``say``: a function of one line; default: this process's stderr) what they answered
+    (from the launcher, on SIGUSR1; returns at once, the answer comes from a thread).
+
+    Example::
+
+        signal.signal(signal.SIGUSR1, lambda *_: ask_ranks("runs/a", world_size=2))
+    """
+    import sys
+    import threading
+    import time
+
+    asked = time.time()
+    folder = os.path.join(out, "hang")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, REQUEST), "w") as file:
+        file.write(f"{asked}\n")
+
+    def answer() -> None:
+        time.sleep(wait)
+        line = stuck_line(out, since=asked, world_size=world_size, always=True)
+        text = f"pipetrain train: where the ranks are: {line}\n"
+        if say is not None:
+            say(text)
+        else:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    threading.Thread(target=answer, name="pipetrain-ask-ranks", daemon=True).start()
+
+
+def watch_requests(out: str, write: Any, *, poll: float = 0.5) -> Any:
+    """Call ``write()`` (a worker's report) each time ``RUN/hang/request`` is touched anew,
+    from a daemon thread of its own; returns the ``threading.Event`` that stops it.
+
+    Example::
+
+        stop = watch_requests(run_folder, lambda: write_report())
+    """
+    import threading
+
+    path = os.path.join(out, "hang", REQUEST)
+    stop = threading.Event()
+
+    def seen() -> float:
+        try:
+            return os.path.getmtime(path)
+        except OSError:
+            return 0.0
+
+    def watch() -> None:
+        last = seen()
+        while not stop.wait(poll):
+            now = seen()
+            if now > last:
+                last = now
+                write()
+
+    threading.Thread(target=watch, name="pipetrain-report-on-request", daemon=True).start()
+    return stop

@@ -14,6 +14,7 @@ import datetime
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -105,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
                          f"{'s' * (config.num_workers != 1)} ({config.describe()}) into {out}\n")
         sys.stderr.flush()
     from pipetrain.cli.restarts import RESTARTS_ENV, restart_record, restarted_argv
-    from pipetrain.cli.stuck_report import stuck_line
+    from pipetrain.cli.stuck_report import ask_ranks, stuck_line
 
     argv = _argv_with_out(sys.argv[1:], out)
     restarts: list[dict[str, Any]] = []
+    signal.signal(signal.SIGUSR1,  # where are the ranks? (a job that seems stuck)
+                  lambda *_: ask_ranks(out, world_size=config.num_workers))
     while True:
         started = time.time()
         try:  # the workers record the command line as typed, not as the launcher passes it on
@@ -156,8 +159,6 @@ def _failure_line(error: Any, args: RunConfig, started: float) -> str:
 
 
 def _interrupted(out: str, signal_number: int) -> int:
-    import signal
-
     from pipetrain.cli.run_folder import read_json
     from pipetrain.cli.train_report import interrupted_line
 

@@ -13,7 +13,9 @@ import decimal
 import json
 import logging
 import os
+import signal as signals
 import sys
+import threading
 import time
 from typing import Any
 
@@ -37,6 +39,7 @@ from pipetrain.cli.run_model import (
     sample_text,
 )
 from pipetrain.cli.stop_signals import StopRequest
+from pipetrain.cli.stuck_report import watch_requests
 from pipetrain.cli.train_checks import Resume, prepare
 from pipetrain.cli.train_layout import AUTO, run_config
 from pipetrain.cli.train_optimizer import honour_options, optimizer_record, training_factories
@@ -109,6 +112,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         phase(f"{count_of(dist.get_world_size(), 'worker')} joined; building the model and its "
               "pipeline")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        signals.signal(signals.SIGUSR1, signals.SIG_IGN)  # the launcher's (see .stuck_report)
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
         data = data_record(args, dataset, tokenizer)
@@ -166,6 +170,7 @@ class _Run:
         """The step of the run's newest checkpoint (every rank knows it)."""
         self.records: RunRecords | None = None
         self.bar: ProgressBar | None = None
+        self._watch: threading.Event | None = None
         pipe.at_forced_exit(self._forced_exit)
 
     # -- set-up ---------------------------------------------------------------------------
@@ -188,6 +193,8 @@ class _Run:
         return text
 
     def _open_records(self) -> None:
+        # where this rank is, written whenever the launcher asks (SIGUSR1 to the launcher)
+        self._watch = watch_requests(self.args.folder, self._write_rank_report)
         if self.rank != 0:
             return
         args = self.args
@@ -226,6 +233,8 @@ class _Run:
         try:
             return self._run()
         finally:
+            if self._watch is not None:
+                self._watch.set()
             if self.records is not None:
                 self.records.close()
 
