@@ -57,6 +57,8 @@ class BoundedStore:
             raise ValueError(f"timeout={timeout!r} must be positive seconds")
         self.store = store
         self.timeout = timeout
+        self.calls = 0
+        """Store calls made so far (the load this client puts on the store)."""
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._broken: str | None = None
         self._lock = threading.Lock()
@@ -91,6 +93,7 @@ class BoundedStore:
         """
         if self._broken is not None:
             raise StoreUnreachable(self._broken)
+        self.calls += 1
         future: Future[T] = Future()
         began = time.monotonic()
         self._calls.put((future, function))

@@ -1,8 +1,11 @@
 """Peer monitoring: find a dead rank within a bounded time and name it, never hang.
 
 Every rank runs a heartbeat thread that bumps a counter in the job's c10d store and
-watches everyone else's. A rank whose counter stops moving for ``dead_after`` seconds is
-declared dead. When a rank sees a broken connection it asks the store for the root cause
+watches its two neighbours' on a ring of the ranks (rank ``r`` watches ``r - 1`` and
+``r + 1``, so every rank is watched twice and the store calls of a rank per interval do
+not grow with the job: the load on the store is O(N), not O(N²)). A rank whose counter
+stops moving for ``dead_after`` seconds is declared dead; the watcher records it as the
+job's root cause in the store, which every rank reads each interval. When a rank sees a broken connection it asks the store for the root cause
 first, so the ranks that exit *because* a neighbour died do not get blamed: every rank
 reports the rank that died first.
 
@@ -213,6 +216,17 @@ class PeerMonitor:
         text = f"{type(error).__name__}: {name_addresses(brief(error), self._roster)}"
         self._record(self.rank, f"{self.name(self.rank)} failed with {text}")
 
+    def watched(self) -> list[int]:
+        """The ranks whose heartbeats this rank watches: its neighbours on the ring.
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> PeerMonitor(dist.HashStore(), rank=0, world_size=64, namespace="x").watched()
+            [1, 63]
+        """
+        ring = {(self.rank + 1) % self.world_size, (self.rank - 1) % self.world_size}
+        return sorted(ring - {self.rank})
+
     def _others(self) -> list[int]:
         """The ranks a broken connection of this rank's can lead to."""
         return [r for r in range(self.world_size) if r != self.rank]
@@ -303,7 +317,7 @@ class PeerMonitor:
     # -- heartbeat --------------------------------------------------------------------
     def _run(self) -> None:
         beat_key = self._key("beat", self.rank)
-        others = [r for r in range(self.world_size) if r != self.rank]
+        others = self.watched()
         last_value: dict[int, bytes | None] = {r: None for r in others}
         last_change = {r: time.monotonic() for r in others}
         while not self._stopped.wait(self.interval):
