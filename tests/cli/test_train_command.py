@@ -79,7 +79,6 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
     layouts = [
         ["--stages", "2", "--schedule", "gpipe", "--checkpoint", "always"],
         ["--stages", "2", "--replicas", "2", "--schedule", "zb-h1", "--checkpoint", "except_last"],
-        ["--stages", "2", "--schedule", "dualpipe-v"],
         ["--schedule", str(schedule_file), "--checkpoint", "always"],
     ]
     runs = []
@@ -93,10 +92,10 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
         assert len(losses) == 5
         for step, (a, b) in enumerate(zip(reference, losses)):
             assert abs(a - b) <= 1e-4 * abs(a), f"{layout} step {step + 1}: {b} vs {a} in one process"
-    # the V placement of dualpipe-v and of the file: rank 0 holds the first and last stages
-    for k in (2, 3):
-        memory = json.loads((tmp_path / f"run{k}" / "metrics.json").read_text())["memory"]
-        assert [m["stages"] for m in memory] == [[0, 3], [1, 2]]
+    # the V placement of the file (as of dualpipe-v, whose math the API's tests check):
+    # rank 0 holds the first and last stages
+    memory = json.loads((tmp_path / "run2" / "metrics.json").read_text())["memory"]
+    assert [m["stages"] for m in memory] == [[0, 3], [1, 2]]
 
 
 def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> None:
