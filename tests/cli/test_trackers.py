@@ -129,3 +129,23 @@ def test_log_names_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str])
         with pytest.raises(SystemExit):
             build_parser().parse_args(["train", "--log", bad])
     assert "none goes alone" in capsys.readouterr().err
+
+
+def test_a_tracker_that_cannot_start_is_named_and_the_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    refusing = _fake_mlflow(calls)
+
+    def start_run(run_id: Any = None, run_name: Any = None) -> Any:
+        raise RuntimeError("The filesystem tracking backend is in maintenance mode")
+
+    refusing.start_run = start_run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mlflow", refusing)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    records = RunRecords(str(tmp_path), {}, world_size=2, first_step=1, log="mlflow")
+    (tracker,) = records.trackers
+    assert tracker.missing == ("--log mlflow could not start (RuntimeError: The filesystem "
+                               "tracking backend is in maintenance mode); the run trains without it")
+    _train(records, range(1, 3))
+    records.close()
+    assert (tmp_path / "steps.jsonl").read_text().count("\n") == 2

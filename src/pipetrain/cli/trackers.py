@@ -63,6 +63,7 @@ class _Tracker:
 
     name = ""
     missing: str | None = None
+    run_id: str | None = None
 
     def __init__(self) -> None:
         self.failed = False
@@ -120,9 +121,10 @@ class WandbLog(_Tracker):
             self.missing = "--log wandb needs the wandb package: pip install wandb"
             self.run_id = run_id
             return
+        mode: Any = os.environ.get("WANDB_MODE", "offline")
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "pipetrain"),
                                name=os.path.basename(os.path.abspath(folder)), dir=folder,
-                               mode=os.environ.get("WANDB_MODE", "offline"), config=options,
+                               mode=mode, config=options,
                                id=run_id, resume="allow" if run_id else None)
         self.run_id = str(self._run.id)
 
@@ -155,6 +157,8 @@ class MlflowLog(_Tracker):
             return
         self._mlflow = mlflow
         if "MLFLOW_TRACKING_URI" not in os.environ:
+            # MLflow 3 keeps its file store for those who ask for it (it suggests a database)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             mlflow.set_tracking_uri("file:" + os.path.join(os.path.abspath(folder), "mlruns"))
         run = mlflow.start_run(run_id=run_id,
                                run_name=None if run_id else os.path.basename(os.path.abspath(folder)))
@@ -192,7 +196,13 @@ def open_trackers(spec: str, folder: str, *, options: dict[str, Any],
             trackers.append(TensorBoardLog(folder, writes=writes))
             continue
         kind = WandbLog if name == "wandb" else MlflowLog
-        tracker = kind(folder, options=options, run_id=ids.get(name))
+        tracker: _Tracker
+        try:
+            tracker = kind(folder, options=options, run_id=ids.get(name))
+        except Exception as error:  # a tracker that cannot start never stops the run
+            tracker = _Tracker()
+            tracker.missing = (f"--log {name} could not start ({type(error).__name__}: "
+                               f"{str(error).splitlines()[0][:300]}); the run trains without it")
         trackers.append(tracker)
         if tracker.run_id is not None and ids.get(name) != tracker.run_id:
             ids[name] = tracker.run_id
