@@ -16,26 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.workers import children, worker_rank
 from pipetrain.cli import restarts
 
 TINY = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16", "--batch-size", "4",
         "--microbatches", "2", "--warmup", "2", "--eval-every", "0", "--sample-bytes", "0",
         "--stages", "2", "--schedule", "1f1b", "--steps", "40", "--save-every", "4"]
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(p) for p in (task / "children").read_text().split()]
-    return found
-
-
-def _rank(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    return next((int(e[5:]) for e in environ if e.startswith(b"RANK=")), None)
 
 
 def _steps(out: Path) -> list[dict]:
@@ -79,7 +65,7 @@ def test_a_killed_worker_restarts_and_the_run_ends_as_if_never_killed(tmp_path: 
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             done = len(_steps(tmp_path / "run"))
-            workers = {_rank(pid): pid for pid in _children(launcher.pid)}
+            workers = {worker_rank(pid): pid for pid in children(launcher.pid)}
             if done >= kill_after and 1 in workers:
                 os.kill(workers[1], signal.SIGKILL)
                 break

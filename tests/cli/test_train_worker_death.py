@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.workers import children, worker_rank
 from pipetrain.cli import worker_death
 from pipetrain.cli.main import build_parser
 from pipetrain.cli.train import _failure_line
@@ -74,24 +75,6 @@ def test_a_workers_own_message_stays_the_last_line() -> None:
     assert _failure_line(error, _args(), 0.0) == "ValueError: corpus file ..."
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(p) for p in (task / "children").read_text().split()]
-    return found
-
-
-def _rank(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for entry in environ:
-        if entry.startswith(b"RANK="):
-            return int(entry[5:])
-    return None
-
-
 @pytest.mark.distributed
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers in /proc")
 def test_kill_9_of_a_worker_ends_in_one_line_and_the_run_resumes(tmp_path: Path) -> None:
@@ -105,7 +88,7 @@ def test_kill_9_of_a_worker_ends_in_one_line_and_the_run_resumes(tmp_path: Path)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if (out / "checkpoint").is_dir():
-                workers = {_rank(pid): pid for pid in _children(launcher.pid)}
+                workers = {worker_rank(pid): pid for pid in children(launcher.pid)}
                 if 1 in workers:
                     break
             time.sleep(0.2)

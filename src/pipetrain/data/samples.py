@@ -194,6 +194,8 @@ class _Indexed:
         self.lengths = torch.tensor([len(self._pair(i)[0]) for i in range(len(indices))],
                                     dtype=torch.int64)
         self.positions = int(self.lengths.sum())
+        self._epoch: tuple[int, Tensor, Tensor] | None = None
+        """The last epoch read: its number, order and the cumulative positions in it."""
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -220,8 +222,10 @@ class _Indexed:
         xs, ys = [], []
         while count > 0:
             epoch, offset = divmod(first, self.positions)
-            permutation = order(epoch, len(self))
-            ends = torch.cumsum(self.lengths[permutation], 0)
+            if self._epoch is None or self._epoch[0] != epoch:  # once per epoch, not per step
+                permutation = order(epoch, len(self))
+                self._epoch = (epoch, permutation, torch.cumsum(self.lengths[permutation], 0))
+            _, permutation, ends = self._epoch
             slot = int(torch.searchsorted(ends, offset, right=True))
             start = offset - (int(ends[slot - 1]) if slot else 0)
             while count > 0 and slot < len(self):
