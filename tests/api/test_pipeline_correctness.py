@@ -30,7 +30,7 @@ from helpers.pipeline_jobs import (
 pytestmark = pytest.mark.distributed
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-NEW_SCHEDULES = ("looped-bfs", "zb-h2", "zb-v", "dualpipe-v")
+NEW_SCHEDULES = ("looped-bfs", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe-v")
 CHECKPOINTS = ("never", "except_last", "always")
 TOLERANCE = 1e-5
 
@@ -43,7 +43,8 @@ rank 1: 1F0 1I0 1F1 1I1 1F2 1I2 1F3 1I3 1W0 1W1 1W2 1W3
 
 
 def _configs(num_stages: int) -> list[dict[str, Any]]:
-    per_rank = {"interleaved-1f1b": 2, "looped-bfs": 2, "zb-v": 2, "dualpipe-v": 2}
+    per_rank = {"interleaved-1f1b": 2, "looped-bfs": 2, "zb-v": 2, "v-half": 2, "v-min": 2,
+                "dualpipe-v": 2}
     old = [
         {"schedule": schedule, "num_stages": num_stages, "checkpoint": checkpoint,
          "num_microbatches": m, "stages_per_rank": per_rank.get(schedule, 1)}

@@ -5,6 +5,7 @@ import pytest
 from pipetrain.schedule import (
     SCHEDULE_ALIASES,
     SCHEDULE_NAMES,
+    V_SCHEDULES,
     add_communication,
     add_optimizer_step,
     build_schedule,
@@ -31,7 +32,7 @@ def _admitted(name: str) -> list[tuple[int, int, int]]:
         return [(k, m, v) for k, m in sizes(min_microbatches_per_rank=1) for v in (2, 3)]
     if name == "looped-bfs":
         return [(k, m, v) for k, m in sizes() for v in (2, 3)]
-    if name in ("zb-v", "dualpipe-v"):
+    if name in V_SCHEDULES:
         return [(k, m, 2) for k, m in sizes()]
     if name == "forward":
         return [(k, m, v) for k, m in sizes() for v in (1, 2)]
@@ -80,13 +81,16 @@ def test_compact_form_round_trips(name: str) -> None:
 
 def test_names_and_aliases() -> None:
     assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1",
-                              "zb-h2", "zb-v", "dualpipe-v", "pipedream", "2bw", "forward")
+                              "zb-h2", "zb-v", "v-half", "v-min", "dualpipe-v", "pipedream", "2bw",
+                              "forward")
     assert {alias: canonical_name(alias) for alias in SCHEDULE_ALIASES} == {
         "pipedream-flush": "1f1b",
         "interleaved": "interleaved-1f1b",
         "zero-bubble": "zb-h1",
         "bfs": "looped-bfs",
         "zbv": "zb-v",
+        "vhalf": "v-half",
+        "vmin": "v-min",
         "dualpipev": "dualpipe-v",
         "forward-only": "forward",
         "inference": "forward",
@@ -101,7 +105,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(
         ValueError,
         match=r"unknown schedule 'gpip'; known schedules: gpipe, 1f1b, interleaved-1f1b, "
-        r"looped-bfs, zb-h1, zb-h2, zb-v, dualpipe-v, pipedream, 2bw, forward",
+        r"looped-bfs, zb-h1, zb-h2, zb-v, v-half, v-min, dualpipe-v, pipedream, 2bw, forward",
     ):
         build_schedule("gpip", num_ranks=2, num_microbatches=2)
 
@@ -122,9 +126,9 @@ def test_placements_and_stages_per_rank() -> None:
     assert schedule_placement("zb-v", 3, 2) == v_placement(3) == (0, 1, 2, 2, 1, 0)
     assert schedule_placement("dualpipev", 2, 2) == (0, 1, 1, 0)
     assert schedule_placement("looped-bfs", 2, 3) == (0, 1, 0, 1, 0, 1)
-    assert [default_stages_per_rank(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 2, 1, 1, 2, 2, 1, 1, 1]
+    assert [default_stages_per_rank(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 2, 1, 1, 2, 2, 2, 2, 1, 1, 1]
     assert stages_per_rank_range("bfs") == (2, None)
-    for name in ("zb-v", "dualpipe-v"):
+    for name in V_SCHEDULES:
         built = build_schedule(name, num_ranks=3, num_microbatches=6, stages_per_rank=2)
         assert built.stage_to_rank == v_placement(3)
 

@@ -37,7 +37,7 @@ DATA_PARALLEL_MODES = ("replicate", "fsdp")
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 """The mesh's dimensions, outermost first."""
 
-SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zb-v", "dualpipe-v")
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe-v")
 """The schedules that split a backward into its input half and its weight half."""
 
 

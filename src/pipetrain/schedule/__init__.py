@@ -49,6 +49,7 @@ from pipetrain.schedule.simulate import SimulationResult, simulate
 from pipetrain.schedule.steady_state import SteadyState, steady_state
 from pipetrain.schedule.timeline import render_timeline
 from pipetrain.schedule.two_bw import two_bw
+from pipetrain.schedule.v_memory import v_capped, v_half, v_min
 from pipetrain.schedule.validate import ScheduleError, find_problems, validate
 from pipetrain.schedule.versions import is_versioned, version_problems, versions_held
 from pipetrain.schedule.zb_h2 import zb_h2
@@ -102,6 +103,9 @@ __all__ = [
     "stages_per_rank_range",
     "steady_state",
     "two_bw",
+    "v_capped",
+    "v_half",
+    "v_min",
     "v_placement",
     "validate",
     "version_problems",

@@ -17,6 +17,7 @@ from pipetrain.schedule.pipedream import pipedream
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
 from pipetrain.schedule.replicated import replicated_pipeline, uniform_replicas
 from pipetrain.schedule.two_bw import two_bw
+from pipetrain.schedule.v_memory import v_half, v_min
 from pipetrain.schedule.validate import validate
 from pipetrain.schedule.zb_h2 import zb_h2
 from pipetrain.schedule.zb_v import zb_v
@@ -44,6 +45,8 @@ SCHEDULE_NAMES = (
     "zb-h1",
     "zb-h2",
     "zb-v",
+    "v-half",
+    "v-min",
     "dualpipe-v",
     "pipedream",
     "2bw",
@@ -60,6 +63,8 @@ SCHEDULE_ALIASES = {
     "zero-bubble": "zb-h1",
     "bfs": "looped-bfs",
     "zbv": "zb-v",
+    "vhalf": "v-half",
+    "vmin": "v-min",
     "dualpipev": "dualpipe-v",
     "forward-only": "forward",
     "inference": "forward",
@@ -75,13 +80,15 @@ _GENERATORS: dict[str, Callable[..., Schedule]] = {
     "looped-bfs": looped_bfs,
     "zb-h2": zb_h2,
     "zb-v": zb_v,
+    "v-half": v_half,
+    "v-min": v_min,
     "dualpipe-v": dualpipe_v,
     "forward": forward_only,
     "pipedream": pipedream,
     "2bw": two_bw,
 }
 
-V_SCHEDULES = ("zb-v", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "v-half", "v-min", "dualpipe-v")
 """The schedules with two stages per rank folded into a V (rank ``r`` holds stages
 ``r`` and ``2K-1-r``)."""
 
@@ -90,6 +97,8 @@ _STAGES_PER_RANK: dict[str, tuple[int, int | None]] = {
     "interleaved-1f1b": (2, None),
     "looped-bfs": (2, None),
     "zb-v": (2, 2),
+    "v-half": (2, 2),
+    "v-min": (2, 2),
     "dualpipe-v": (2, 2),
     "forward": (1, None),
 }
