@@ -258,7 +258,7 @@ def attach_async(kind: str, *, config: PipelineConfig, layout: Layout, rank: int
     executor.hooks = updates
     return AsyncTraining(kind, layout=layout, rank=rank, executor=executor, versions=versions,
                          updates=updates,
-                         checkpoint=config.checkpoint, vertical_sync=config.vertical_sync,
+                         checkpoint=config.checkpoint_modes[0], vertical_sync=config.vertical_sync,
                          microbatches_per_step=config.total_microbatches)
 
 

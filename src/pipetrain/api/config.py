@@ -10,6 +10,7 @@ from typing import Any
 
 from pipetrain.api.async_config import async_problems
 from pipetrain.api.grad_check import NONFINITE_POLICIES
+from pipetrain.api.memory_config import memory_problems, stage_budgets
 from pipetrain.api.mesh import SPLIT_BACKWARD_SCHEDULES, mesh_problems
 from pipetrain.api.step_batches import LOSS_WEIGHTS
 from pipetrain.api.user_schedule import (
@@ -17,7 +18,7 @@ from pipetrain.api.user_schedule import (
     resolve_user_schedule,
     user_schedule_problems,
 )
-from pipetrain.checkpoint import CHECKPOINT_MODES
+from pipetrain.checkpoint import stage_modes
 from pipetrain.runtime.precision import LossScaling, precision_problem
 from pipetrain.schedule import (
     ASYNC_SCHEDULES,
@@ -71,8 +72,14 @@ class PipelineConfig:
     """Replicas of each pipeline rank, when they differ (a plan's layout, e.g. ``(2, 1)``:
     stage 0 on two processes, stage 1 on one); needs one stage per rank, ``replicas=1``
     and the ``gpipe`` or ``1f1b`` schedule."""
-    checkpoint: str = "never"
-    """``always``, ``except_last`` or ``never``: which micro-batches are re-materialized."""
+    checkpoint: str | Sequence[str] = "never"
+    """What each stage does with its activations: ``always``, ``except_last`` or
+    ``never`` (which micro-batches are re-materialized: all, all but the last, none) or
+    ``selective`` (keep only the outputs of matrix products and attention, recompute the
+    rest: :mod:`pipetrain.runtime.selective`); one mode for every stage, or one per model
+    stage (``num_stages * stages_per_rank`` entries, e.g. ``("always", "selective",
+    "never")``, or the same comma-separated). Asynchronous schedules take one of
+    ``always`` and ``never``."""
     balance: Sequence[int] | None = None
     """Layers per model stage (``num_stages * stages_per_rank`` entries); default: even."""
     clip_grad_norm: float | None = None
@@ -107,6 +114,13 @@ class PipelineConfig:
     first step compiles (each new micro-batch shape too: the second shape makes dims
     dynamic). Not with schedules that split backwards, asynchronous schedules, FSDP or
     tensor parallelism (not available yet)."""
+    offload: float | Sequence[float | None] | None = None
+    """MiB of saved activations each stage keeps on its device; what its forwards save
+    beyond that goes to host memory until the backward (:mod:`pipetrain.runtime.offload`:
+    on a GPU, pinned memory and a side stream, brought back one action ahead; on the CPU
+    nothing moves). One budget for every stage (``0``: offload all), or one per model
+    stage (``None``: that stage keeps all); ``None``: no offload. Not with asynchronous
+    schedules."""
     mixed_precision: str | None = None
     """``"bf16"`` or ``"fp16"``: every stage's forward, recomputation and loss run under
     ``torch.autocast`` with that dtype, parameters and optimizer state stay float32; fp16
@@ -147,6 +161,10 @@ class PipelineConfig:
         if problems:
             raise ValueError("invalid PipelineConfig:\n" + "\n".join(f"  * {p}" for p in problems))
         object.__setattr__(self, "_user_schedule", resolve_user_schedule(self.schedule))
+        for name in ("checkpoint", "offload"):  # a list given: kept as a (hashable) tuple
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, int, float)):
+                object.__setattr__(self, name, tuple(value))
 
     @property
     def user_schedule(self) -> Schedule | None:
@@ -167,6 +185,27 @@ class PipelineConfig:
         if self._user_schedule is not None:
             return self._user_schedule.stage_to_rank
         return schedule_placement(self.schedule_name, self.num_stages, self.stages_per_rank)
+
+    @property
+    def checkpoint_modes(self) -> tuple[str, ...]:
+        """The re-materialization mode of each model stage (see :attr:`checkpoint`).
+
+        Example:
+            >>> PipelineConfig(num_stages=2, checkpoint="selective,never").checkpoint_modes
+            ('selective', 'never')
+        """
+        return stage_modes(self.checkpoint, self.num_model_stages)
+
+    @property
+    def offload_bytes(self) -> tuple[int | None, ...]:
+        """Per model stage, the bytes of saved activations kept on the device (``None``:
+        all of them; see :attr:`offload`).
+
+        Example:
+            >>> PipelineConfig(num_stages=2, offload=(None, 0.5)).offload_bytes
+            (None, 524288)
+        """
+        return stage_budgets(self.offload, self.num_model_stages)
 
     @property
     def num_model_stages(self) -> int:
@@ -277,11 +316,7 @@ def config_problems(values: Mapping[str, Any], *, spell: Spelling | None = None)
     stage_replicas = v["stage_replicas"]
     if stage_replicas is not None:
         found.extend(_stage_replica_problems(tuple(stage_replicas), v, name, say))
-    if v["checkpoint"] not in CHECKPOINT_MODES:
-        found.append(
-            f"{say('checkpoint', v['checkpoint'])}: the mode must be one of "
-            f"{', '.join(CHECKPOINT_MODES)}, e.g. {say('checkpoint', 'never')}"
-        )
+    found.extend(memory_problems(v, name, say))
     if not isinstance(v["deferred_batch_norm"], bool):
         found.append(f"{say('deferred_batch_norm', v['deferred_batch_norm'])} must be True or "
                      f"False, e.g. {say('deferred_batch_norm', True)}")

@@ -94,9 +94,12 @@ def build_stages(
     fuse_weight_gradients: bool,
     autocast: torch.dtype | None = None,
     compile: bool = False,
+    selective: Collection[int] = (),
 ) -> dict[int, StageCompute]:
     """The compute of this rank's model stages, each running its layers seeded one by one
-    (each compiled in place with ``torch.compile`` when ``compile``).
+    (each compiled in place with ``torch.compile`` when ``compile``; the stages in
+    ``selective`` keep only their matrix products' outputs for backward, see
+    :mod:`pipetrain.runtime.selective`).
 
     Example:
         >>> from pipetrain.api.config import PipelineConfig
@@ -127,6 +130,7 @@ def build_stages(
             first_layer=layout.layer_ranges[j].start,
             fuse_weight_gradients=fuse_weight_gradients,
             autocast=autocast,
+            selective=j in selective,
         )
     return stages
 

@@ -29,8 +29,8 @@ class StepSchedules:
         >>> schedules = StepSchedules(config, Layout.create(config, num_layers=2))
         >>> [str(a) for a in schedules.actions("1f1b", 4, rank=1) if a.op.is_compute]
         ['0F1', '0F3', '0B1', '0B3']
-        >>> sorted(schedules.checkpointed("except_last", "1f1b", 4, rank=1))
-        [1]
+        >>> schedules.checkpointed(("except_last", "never"), "1f1b", 4, rank=1)
+        {0: frozenset({1})}
     """
 
     config: PipelineConfig
@@ -87,13 +87,19 @@ class StepSchedules:
         """What global rank ``rank`` runs in that schedule."""
         return self.get(name, num_microbatches).actions[rank]
 
-    def checkpointed(self, mode: str, name: str, num_microbatches: int, *, rank: int) -> frozenset[int]:
-        """The micro-batches rank ``rank`` re-materializes: all of its own (``always``), all
-        but its last (``except_last``: the last one's backward comes first), or none."""
-        if mode == "never":
-            return frozenset()
-        mine = sorted({a.microbatch for a in self.actions(name, num_microbatches, rank=rank)
-                       if a.op is Op.FORWARD and a.microbatch is not None})
-        if mode == "except_last":
-            mine = mine[:-1]
-        return frozenset(mine)
+    def checkpointed(self, modes: tuple[str, ...], name: str, num_microbatches: int, *,
+                     rank: int) -> dict[int, frozenset[int]]:
+        """Per stage of rank ``rank``, the micro-batches it re-materializes (``modes``: one
+        per model stage): all of its own (``always``), all but its last (``except_last``:
+        the last one's backward comes first), or none (``never``, ``selective``)."""
+        mine: dict[int, list[int]] = {}
+        for a in self.actions(name, num_microbatches, rank=rank):
+            if a.op is Op.FORWARD and a.microbatch is not None:
+                mine.setdefault(a.stage, []).append(a.microbatch)
+        chosen = {}
+        for stage, microbatches in mine.items():
+            mode = modes[stage]
+            ordered = sorted(set(microbatches))
+            chosen[stage] = frozenset(ordered if mode == "always" else ordered[:-1]
+                                      if mode == "except_last" else ())
+        return chosen

@@ -79,9 +79,10 @@ class StepIO:
     backward."""
     checkpoint_start: int = 0
     """See :attr:`checkpoint_stop`."""
-    checkpointed: Collection[int] | None = None
+    checkpointed: Collection[int] | Mapping[int, Collection[int]] | None = None
     """The micro-batches to re-materialize, when not a range (replicated stages: each
-    replica decides for its own micro-batches); overrides the range."""
+    replica decides for its own micro-batches), or, per stage, those of that stage;
+    overrides the range."""
     key_offset: int = 0
     """Added to micro-batch indices in the stages and on the wire, so that several runs
     whose backward is still pending (several forwards before one ``backward()``) do not
@@ -207,7 +208,10 @@ class RankExecutor:
         self._announce(actions, io.key_offset)
         clock = time.perf_counter
         origin = clock() if origin is None else origin
-        for action in actions:
+        prefetching = any(stage.offload is not None for stage in self.stages.values())
+        for index, action in enumerate(actions):
+            if prefetching:
+                self._prefetch_next(actions, index, io.key_offset)
             start = clock()
             self.current = (action, time.monotonic())
             try:
@@ -231,6 +235,16 @@ class RankExecutor:
                 record.append(TimedAction(self.rank, action, start - origin, clock() - origin))
         self.current = None
         self.transport.flush()
+
+    def _prefetch_next(self, actions: Sequence[Action], index: int, key_offset: int) -> None:
+        """If the compute action after ``actions[index]`` is a backward of a stage that
+        offloads, start bringing its activations back now, to overlap this action."""
+        for later in actions[index + 1:]:
+            if later.op.is_compute:
+                if later.op in (Op.BACKWARD, Op.BACKWARD_INPUT) and later.microbatch is not None \
+                        and later.stage in self.stages:
+                    self.stages[later.stage].prefetch(later.microbatch + key_offset)
+                return
 
     def _describe_failure(self, action: Action) -> str:
         note = f"{_NOTE} {self.rank} running action {action}"
@@ -286,7 +300,9 @@ class RankExecutor:
         last = j == self.num_stages - 1
         target = io.targets[i] if last and io.targets is not None else None
         scale = io.loss_scales[i] if last and io.loss_scales is not None else None
-        if io.checkpointed is not None:
+        if isinstance(io.checkpointed, Mapping):
+            checkpointed = i in io.checkpointed.get(j, ())
+        elif io.checkpointed is not None:
             checkpointed = i in io.checkpointed
         else:
             checkpointed = io.checkpoint_start <= i < io.checkpoint_stop

@@ -38,8 +38,10 @@ from pipetrain.backward.roots import Root, backward_root, start_points
 from pipetrain.backward.split import WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
+from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.precision import stage_autocast
 from pipetrain.runtime.rng import LayerHook, RandomStreams
+from pipetrain.runtime.selective import selective_call
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
 
@@ -124,8 +126,12 @@ class StageCompute:
         fuse_weight_gradients: bool = True,
         autocast: torch.dtype | None = None,
         module_hooks: bool = False,
+        selective: bool = False,
     ) -> None:
         self.module = module
+        self.selective = selective
+        """Keep only the outputs of matrix products for backward and recompute the rest
+        (:mod:`.selective`), in the forwards that are not checkpointed."""
         self.module_hooks = module_hooks
         self.stage_index = stage_index
         self.device = device
@@ -136,7 +142,9 @@ class StageCompute:
         self.first_layer = first_layer
         """Global index of the stage's first layer (the key of its random stream)."""
         self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
-        self.fuse = fuse_weight_gradients
+        # fusion reads the saved inputs of linear layers, which a selective region hands out
+        # once, to autograd's backward
+        self.fuse = fuse_weight_gradients and not selective
         self.autocast = autocast
         """Autocast dtype of the forward, its recomputation and the loss (see
         :mod:`.precision`); ``None``: none."""
@@ -147,6 +155,9 @@ class StageCompute:
         self.sharing: RecomputeSharing | None = None
         """Set by a single-process pipeline: lets idle workers of other stages run this
         stage's recomputations (see :mod:`.shared_recompute`)."""
+        self.offload: ActivationOffload | None = None
+        """Set to move the activations this stage saves for backward beyond a budget to
+        host memory (:mod:`.offload`)."""
         self.before_backward: Callable[[int, int], None] | None = None
         """Called with ``(stage_index, micro-batch key)`` before each full backward (set by
         a pipeline whose data parallelism is FSDP2: its per-backward switches, see
@@ -245,7 +256,13 @@ class StageCompute:
         if not torch.is_grad_enabled():
             return self._compute(microbatch, message, target, loss_scale)
         if not checkpointed:
-            output, loss = self._compute(microbatch, message, target, loss_scale)
+            with (self.offload.saving(microbatch) if self.offload is not None
+                  else contextlib.nullcontext()):
+                if self.selective:
+                    output, loss = selective_call(self._compute, microbatch, message, target,
+                                                  loss_scale, preserve_rng_state=self.rng is None)
+                else:
+                    output, loss = self._compute(microbatch, message, target, loss_scale)
             roots: list[Root | None] = [
                 backward_root(t) for t in iter_tensors(output) if t.requires_grad
             ]
@@ -359,19 +376,28 @@ class StageCompute:
         with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
             if self.before_backward is not None:
                 self.before_backward(self.stage_index, microbatch)
-            if not tensors:
-                return [None] * len(state.inputs)
-            if self.fuse and self.autocast is None:  # autocast's casts leave nothing to fuse
-                return fused_backward(tensors, grad_tensors, state.inputs, self.params,
-                                      pool=self.gradient_pool)
-            torch.autograd.backward(start_points(tensors, grad_tensors))
-            return [leaf.grad for leaf in state.inputs]
+            try:
+                if not tensors:
+                    return [None] * len(state.inputs)
+                if self.fuse and self.autocast is None:  # autocast's casts leave nothing to fuse
+                    return fused_backward(tensors, grad_tensors, state.inputs, self.params,
+                                          pool=self.gradient_pool)
+                torch.autograd.backward(start_points(tensors, grad_tensors))
+                return [leaf.grad for leaf in state.inputs]
+            finally:
+                if self.offload is not None:
+                    self.offload.release(microbatch)
 
     def backward_input(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
     ) -> list[torch.Tensor | None]:
         """Input-gradient half of the backward; the weight half waits for
-        :meth:`backward_weight`."""
+        :meth:`backward_weight`. A :attr:`selective` stage runs its whole backward here
+        (torch's selective checkpoint allows one backward per region) and nothing later."""
+        if self.selective:
+            input_grads = self.backward(microbatch, grads)
+            self._weight[microbatch] = WeightGradient()  # nothing owed
+            return input_grads
         with self._backward_of(microbatch, grads) as (state, tensors, grad_tensors):
             input_grads, weight = backward_input(
                 tensors, grad_tensors, state.inputs, self.params, fuse=self.fuse,
@@ -390,8 +416,15 @@ class StageCompute:
                 "before its input backward"
             ) from None
         weight.run()
+        if self.offload is not None:
+            self.offload.release(microbatch)
         if self.sharing is not None:
             self.sharing.freed()
+
+    def prefetch(self, microbatch: int) -> None:
+        """Start bringing ``microbatch``'s offloaded activations back (its backward is next)."""
+        if self.offload is not None:
+            self.offload.prefetch(microbatch)
 
     def release_gradients(self) -> None:
         """Set the stage's ``.grad`` to ``None`` (as ``zero_grad()`` does), keeping the
@@ -408,8 +441,12 @@ class StageCompute:
         for table in (self._in_flight, self._weight):
             for key in [k for k in table if low <= k < high]:
                 table.pop(key, None)
+                if self.offload is not None:
+                    self.offload.release(key)
 
     def reset(self) -> None:
         """Drop every micro-batch's state (after a failed step)."""
         self._in_flight.clear()
         self._weight.clear()
+        if self.offload is not None:
+            self.offload.clear()

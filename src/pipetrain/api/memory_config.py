@@ -1,0 +1,89 @@
+"""What a pipeline does with its activations, checked: re-materialization modes and
+offload budgets, one for every stage or one per model stage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pipetrain.checkpoint import STAGE_CHECKPOINT_MODES, stage_modes
+from pipetrain.schedule import ASYNC_SCHEDULES
+
+__all__ = ["memory_problems", "stage_budgets"]
+
+_MIB = 1 << 20
+
+
+def stage_budgets(offload: float | Sequence[float | None] | None,
+                  num_stages: int) -> tuple[int | None, ...]:
+    """Per stage, the bytes of saved activations kept on the device (``None``: no offload):
+    ``offload`` MiB for every stage, or its own entry for each.
+
+    Example:
+        >>> stage_budgets(1, 2), stage_budgets([None, 0], 2), stage_budgets(None, 2)
+        ((1048576, 1048576), (None, 0), (None, None))
+
+    Raises:
+        ValueError: a budget is not a finite number of MiB at least 0, or not one per stage.
+    """
+    if offload is None or isinstance(offload, (int, float)):
+        budgets: tuple[Any, ...] = (offload,) * num_stages
+    else:
+        budgets = tuple(offload)
+    for j, budget in enumerate(budgets):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not math.isfinite(budget) or budget < 0):
+            raise ValueError(f"offload {offload!r}: stage {j}'s budget {budget!r} is not a number "
+                             "of MiB >= 0; fix: e.g. offload=0 (every saved activation to host "
+                             "memory) or offload=512")
+    if len(budgets) != num_stages:
+        raise ValueError(f"offload {offload!r} gives {len(budgets)} budgets for {num_stages} "
+                         f"stages; fix: one budget for all stages or one per stage (None: "
+                         f"that stage keeps its activations)")
+    return tuple(None if b is None else int(b * _MIB) for b in budgets)
+
+
+def memory_problems(v: Mapping[str, Any], name: str,
+                    say: Callable[[str, Any], str]) -> list[str]:
+    """What is wrong with ``checkpoint`` and ``offload`` of the :class:`PipelineConfig`
+    values ``v`` (schedule ``name``): an unknown mode or bad budget, not one per model
+    stage, or a per-stage or selective mode or an offload on an asynchronous schedule.
+
+    Example:
+        >>> say = lambda name, value: f"{name}={value!r}"
+        >>> memory_problems({"checkpoint": "sometimes", "offload": None, "num_stages": 2,
+        ...                  "stages_per_rank": 1}, "1f1b", say)  # doctest: +ELLIPSIS
+        ["checkpoint='sometimes': stage 0's mode 'sometimes' is not one of always, ...]
+    """
+    counts = (v["num_stages"], v["stages_per_rank"])
+    stages = counts[0] * counts[1] if all(isinstance(c, int) and c > 0 for c in counts) else None
+    found = []
+    checkpoint, offload = v["checkpoint"], v["offload"]
+    try:
+        modes = stage_modes(checkpoint, stages or 1)
+    except (ValueError, TypeError, AttributeError) as error:
+        modes = ()
+        if stages is not None or "modes for" not in str(error):  # else: counts told apart
+            detail = (str(error).split(": ", 1)[-1].split("; fix")[0]
+                      if isinstance(error, ValueError)
+                      else f"not a mode or a sequence of modes ({type(checkpoint).__name__})")
+            found.append(f"{say('checkpoint', checkpoint)}: {detail}; the modes: "
+                         f"{', '.join(STAGE_CHECKPOINT_MODES)}, e.g. {say('checkpoint', 'never')}")
+    try:
+        stage_budgets(offload, stages or 1)
+    except (ValueError, TypeError) as error:
+        if stages is not None or "budgets for" not in str(error):
+            detail = str(error).split(": ", 1)[-1] if isinstance(error, ValueError) else \
+                f"not a number or a sequence of numbers ({type(offload).__name__})"
+            found.append(f"{say('offload', offload)}: {detail}")
+    if name in ASYNC_SCHEDULES:
+        if modes and (not isinstance(checkpoint, str) or len(set(modes)) > 1
+                      or modes[0] == "selective"):
+            found.append(f"{say('checkpoint', checkpoint)}: asynchronous schedules take one mode "
+                         f"for all stages, always or never; fix: {say('checkpoint', 'always')}")
+        if offload is not None:
+            found.append(f"{say('offload', offload)} is not available with asynchronous schedules "
+                         f"(their weight versions change under the saved tensors); fix: "
+                         f"{say('offload', None)}")
+    return found

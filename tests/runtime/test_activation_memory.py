@@ -1,0 +1,111 @@
+"""What a stage holds for backward: selective recomputation and activation offload.
+
+Each mode gives the gradients of a plain stage; selective recomputation holds less than
+keeping everything (the resident-set growth of one forward, malloc trimmed before), and
+offload moves what exceeds its budget, prefetched one action ahead of the backward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipetrain.models import GPTConfig, gpt_layer_factories
+from pipetrain.runtime.executor import Placement, RankExecutor, StepIO
+from pipetrain.runtime.offload import ActivationOffload
+from pipetrain.runtime.stage import StageCompute
+from pipetrain.runtime.threads import ThreadTransport
+from pipetrain.schedule import parse_actions
+
+
+def _blocks(width: int, context: int, depth: int = 2) -> torch.nn.Sequential:
+    config = GPTConfig(num_layers=depth, width=width, num_heads=4, context=context,
+                       tie_embeddings=False)
+    return torch.nn.Sequential(*[f() for f in gpt_layer_factories(config, seed=0)[1:-1]])
+
+
+def _anon_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+
+
+def _stage(mode: str, blocks: torch.nn.Module) -> StageCompute:
+    return StageCompute(blocks, stage_index=1, device=torch.device("cpu"),
+                        selective=mode == "selective")
+
+
+def _grads(stage: StageCompute, x: torch.Tensor, mode: str) -> list[torch.Tensor]:
+    for p in stage.params:
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    out, _ = stage.forward(0, x, checkpointed=mode == "always")
+    (grad_in,) = stage.backward(0, [torch.ones_like(out)])
+    return [grad_in] + [p.grad.clone() for p in stage.params]
+
+
+_HELD = """
+import ctypes, gc, sys, torch
+sys.path.insert(0, {tests!r})
+from runtime.test_activation_memory import _blocks, _anon_bytes, _grads, _stage
+torch.set_num_threads(1)
+torch.manual_seed(0)
+blocks, x, mode = _blocks(width=256, context=256), torch.randn(8, 256, 256), {mode!r}
+stage = _stage(mode, blocks)
+_grads(stage, x, mode)  # warm: code, thread pool, gradient buffers
+gc.collect()
+ctypes.CDLL(None).malloc_trim(0)
+before = _anon_bytes()
+out, _ = stage.forward(1, x.requires_grad_(True), checkpointed=False)
+print(_anon_bytes() - before)
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="needs glibc")
+def test_selective_holds_less_than_everything_and_computes_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    blocks = _blocks(width=64, context=32)
+    x = torch.randn(4, 32, 64)
+    expected = _grads(_stage("never", blocks), x, "never")
+    for a, b in zip(_grads(_stage("selective", blocks), x, "selective"), expected):
+        assert torch.allclose(a, b, atol=1e-5)
+    tests = str(Path(__file__).parents[1])
+    held = {}
+    for mode in ("never", "selective"):  # each in a fresh process: nothing freed before
+        done = subprocess.run([sys.executable, "-c", _HELD.format(tests=tests, mode=mode)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        held[mode] = int(done.stdout.split()[-1])
+    # measured here: 144 MiB kept by a GPT stage of 2 blocks (width 256, 8 x 256 tokens),
+    # 114 MiB with selective recomputation
+    assert held["selective"] < 0.9 * held["never"], held
+
+
+def test_offload_keeps_its_budget_and_prefetches_before_the_backward() -> None:
+    torch.manual_seed(0)
+    blocks = _blocks(width=64, context=64)
+    x = torch.randn(4, 64, 64)
+    expected = _grads(_stage("never", blocks), x, "never")
+    stage = _stage("never", blocks)
+    stage.offload = ActivationOffload(1 << 20, device=torch.device("cpu"), params=stage.params)
+    prefetched: list[int] = []
+    original = stage.prefetch
+    stage.prefetch = lambda key: (prefetched.append(key), original(key))[1]  # type: ignore[method-assign]
+    executor = RankExecutor(rank=0, placement=Placement.single([0]), stages={0: stage},
+                            transport=ThreadTransport(timeout=5))
+    stage.stage_index = 0
+    for p in stage.params:
+        p.grad = None
+    io = StepIO(inputs=[x, x], output_grads=[[torch.ones(4, 64, 64)]] * 2)
+    executor.run(parse_actions("0F0 0F1 0B0 0B1"), io)
+    # the second forward's activations went beyond the 1 MiB budget; each backward's were
+    # asked back during the action before it
+    assert stage.offload.offloaded_bytes > 0
+    assert prefetched == [0, 1]
+    assert stage.offload.resident_bytes == 0
+    for p, e in zip(stage.params, expected[1:]):
+        assert torch.allclose(p.grad, 2 * e, atol=1e-5)
