@@ -78,7 +78,7 @@ def stage_modes(checkpoint: str | Sequence[str], num_stages: int) -> tuple[str, 
             )
     if len(modes) != num_stages:
         raise ValueError(
-            f"checkpoint {checkpoint!r} gives {len(modes)} modes for {num_stages} stages; fix: "
+            f"checkpoint {checkpoint!r}: {len(modes)} modes for {num_stages} stages; fix: "
             f"one mode for all stages or one per stage, e.g. checkpoint={example}"
         )
     return modes

@@ -230,6 +230,14 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
                                           "fix: a smaller --batch-size"]),
         (["--width", "100000000"], ["for --layers 1 --width 100000000 over --stages 2",
                                     "fix: a smaller --batch-size, --context, --width"]),
+        (["--checkpoint", "selective,sometimes"],
+         ["--checkpoint selective,sometimes: stage 1's mode 'sometimes' is not one of always, "
+          "except_last, never, selective", "fix: e.g. --checkpoint never"]),
+        (["--checkpoint", "always,never,never"], ["3 modes for 2 stages"]),
+        (["--offload", "-1"], ["--offload -1.0: stage 0's budget -1.0 is not a number of MiB >= 0",
+                               "fix: e.g. --offload 0"]),
+        (["--schedule", "pipedream", "--offload", "0"],
+         ["--offload 0.0 is not available with asynchronous schedules"]),
     ],
 )
 def test_option_mistakes_are_named_in_flags_before_any_worker_starts(args: list[str], phrases: list[str]) -> None:

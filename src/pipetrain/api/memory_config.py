@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pipetrain.checkpoint import STAGE_CHECKPOINT_MODES, stage_modes
+from pipetrain.checkpoint import stage_modes
 from pipetrain.schedule import ASYNC_SCHEDULES
 
 __all__ = ["memory_problems", "stage_budgets"]
@@ -38,10 +38,15 @@ def stage_budgets(offload: float | Sequence[float | None] | None,
                              "of MiB >= 0; fix: e.g. offload=0 (every saved activation to host "
                              "memory) or offload=512")
     if len(budgets) != num_stages:
-        raise ValueError(f"offload {offload!r} gives {len(budgets)} budgets for {num_stages} "
+        raise ValueError(f"offload {offload!r}: {len(budgets)} budgets for {num_stages} "
                          f"stages; fix: one budget for all stages or one per stage (None: "
                          f"that stage keeps its activations)")
     return tuple(None if b is None else int(b * _MIB) for b in budgets)
+
+
+def _reason(error: ValueError) -> str:
+    """The message of :func:`stage_modes` or :func:`stage_budgets` without its value and fix."""
+    return str(error).split(": ", 1)[-1].split("; fix")[0]
 
 
 def memory_problems(v: Mapping[str, Any], name: str,
@@ -53,8 +58,8 @@ def memory_problems(v: Mapping[str, Any], name: str,
     Example:
         >>> say = lambda name, value: f"{name}={value!r}"
         >>> memory_problems({"checkpoint": "sometimes", "offload": None, "num_stages": 2,
-        ...                  "stages_per_rank": 1}, "1f1b", say)  # doctest: +ELLIPSIS
-        ["checkpoint='sometimes': stage 0's mode 'sometimes' is not one of always, ...]
+        ...                  "stages_per_rank": 1}, "1f1b", say)
+        ["checkpoint='sometimes': stage 0's mode 'sometimes' is not one of always, except_last, never, selective; fix: e.g. checkpoint='never'"]
     """
     counts = (v["num_stages"], v["stages_per_rank"])
     stages = counts[0] * counts[1] if all(isinstance(c, int) and c > 0 for c in counts) else None
@@ -65,18 +70,18 @@ def memory_problems(v: Mapping[str, Any], name: str,
     except (ValueError, TypeError, AttributeError) as error:
         modes = ()
         if stages is not None or "modes for" not in str(error):  # else: counts told apart
-            detail = (str(error).split(": ", 1)[-1].split("; fix")[0]
-                      if isinstance(error, ValueError)
+            detail = (_reason(error) if isinstance(error, ValueError)
                       else f"not a mode or a sequence of modes ({type(checkpoint).__name__})")
-            found.append(f"{say('checkpoint', checkpoint)}: {detail}; the modes: "
-                         f"{', '.join(STAGE_CHECKPOINT_MODES)}, e.g. {say('checkpoint', 'never')}")
+            found.append(f"{say('checkpoint', checkpoint)}: {detail}; fix: e.g. "
+                         f"{say('checkpoint', 'never')}")
     try:
         stage_budgets(offload, stages or 1)
     except (ValueError, TypeError) as error:
         if stages is not None or "budgets for" not in str(error):
-            detail = str(error).split(": ", 1)[-1] if isinstance(error, ValueError) else \
-                f"not a number or a sequence of numbers ({type(offload).__name__})"
-            found.append(f"{say('offload', offload)}: {detail}")
+            detail = (_reason(error) if isinstance(error, ValueError)
+                      else f"not a number or a sequence of numbers ({type(offload).__name__})")
+            found.append(f"{say('offload', offload)}: {detail}; fix: e.g. {say('offload', 0)} "
+                         f"(every saved activation to host memory) or {say('offload', 512)}")
     if name in ASYNC_SCHEDULES:
         if modes and (not isinstance(checkpoint, str) or len(set(modes)) > 1
                       or modes[0] == "selective"):

@@ -65,6 +65,7 @@ class RunConfig:
     tensor_parallel: int = 1
     virtual: int | None = None
     checkpoint: str = "never"
+    offload: str | None = None
     balance: str | None = None
     plan: str | None = None
     stage_replicas: tuple[int, ...] | None = None

@@ -25,6 +25,7 @@ __all__ = [
     "asynchronous",
     "flag",
     "gpt_config",
+    "offload_budgets",
     "pipeline_config",
     "pipeline_fields",
     "recorded",
@@ -44,6 +45,7 @@ FLAGS = {
     "schedule": "--schedule",
     "stages_per_rank": "--virtual",
     "checkpoint": "--checkpoint",
+    "offload": "--offload",
     "clip_grad_norm": "--clip",
     "seed": "--seed",
     "timeout": "--timeout",
@@ -190,8 +192,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(layout, "--virtual", type=_positive_int, default=None,
         help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
              "dualpipe-v place exactly 2")
-    add(layout, "--checkpoint", default="never", choices=("always", "except_last", "never"),
-        help="re-materialization mode (default never)")
+    add(layout, "--checkpoint", default="never", metavar="MODE[,MODE...]",
+        help="what each stage does with its activations (default never): always, "
+             "except_last or never (re-materialize all, all but the last, none of its "
+             "micro-batches) or selective (keep matrix products, recompute the rest); one "
+             "mode for all stages or one per model stage, e.g. always,selective,never,never")
+    add(layout, "--offload", default=None, metavar="MIB[,MIB...]",
+        help="MiB of saved activations each stage keeps on its device, the rest moved to "
+             "host memory until its backward (0: all; on the CPU nothing moves); one budget "
+             "for all stages or one per model stage, 'none' for a stage that keeps all")
     add(layout, "--balance", default=None, metavar="auto|N,N,...",
         help="layers per stage (embedding, blocks and head count as layers), or 'auto': "
              "profile the model and let the planner cut it (default: even split)")
@@ -312,6 +321,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "num_microbatches": args.microbatches * args.accumulate,
         "replicas": args.replicas,
         "checkpoint": args.checkpoint,
+        "offload": offload_budgets(args.offload),
         "seed": args.seed,
         "timeout": args.timeout,
         "nonfinite": args.nonfinite,
@@ -323,6 +333,31 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "reshard_after_forward": bool(args.fsdp_reshard),
         **failure_bounds(args.timeout),
     }
+
+
+def offload_budgets(text: str | None) -> Any:
+    """``--offload``'s text as :attr:`~pipetrain.api.config.PipelineConfig.offload`: MiB
+    for all stages, or per stage (``none``: that stage keeps all); a word that is not a
+    number is passed on for the configuration to name.
+
+    Example:
+        >>> offload_budgets("0"), offload_budgets("512,none"), offload_budgets(None)
+        (0.0, (512.0, None), None)
+    """
+    if text is None:
+        return None
+
+    def budget(word: str) -> Any:
+        word = word.strip()
+        if word.lower() in ("none", "-"):
+            return None
+        try:
+            return float(word)
+        except ValueError:
+            return word
+
+    budgets = tuple(budget(word) for word in text.split(","))
+    return budgets[0] if len(budgets) == 1 else budgets
 
 
 def failure_bounds(timeout: float) -> dict[str, float]:
