@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -11,11 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from pipetrain.plan.costs import LevelContext
-from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES, Candidate, PipetrainCostModel
 from pipetrain.plan.depths import best_per_depth
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_profile
 from pipetrain.plan.optimizer import make_plan
+from pipetrain.plan.per_stage import stage_models
 from pipetrain.plan.plan_file import Plan
 from pipetrain.plan.planner_config import PLANNED_SCHEDULES, PlannerConfig
 from pipetrain.plan.profile import LayerProfile, Profile
@@ -40,33 +42,45 @@ def _layouts(num_layers: int, workers: int, straight: bool = False) -> Iterator[
 
 def _brute_force(profile: Profile, workers: int, bandwidth: float, *,
                  checkpoints: tuple[str, ...] = ("never",), memory: float | None = None,
-                 counts: tuple[int, ...] | None = None, straight: bool = False
-                 ) -> tuple[float, float] | None:
+                 counts: tuple[int, ...] | None = None, straight: bool = False,
+                 schedules: tuple[str, ...] = PLANNED_SCHEDULES) -> tuple[float, float] | None:
     """The best (simulated step, peak memory) over every plan and every candidate the
     runtime can run, by enumeration."""
     best = None
     for n in counts or microbatch_counts(profile):
         graph = CutGraph(microbatch_profile(profile, n))
         for layout, schedule, checkpoint in itertools.product(
-                _layouts(profile.num_layers, workers, straight), PLANNED_SCHEDULES, checkpoints):
+                _layouts(profile.num_layers, workers, straight), schedules, checkpoints):
             replicas = [r for _, _, r in layout]
             if len(set(replicas)) > 1 and schedule not in REPLICATED_SCHEDULES:
                 continue
-            candidate = Candidate(schedule=schedule, num_microbatches=n, checkpoint=checkpoint)
-            model = PipetrainCostModel(candidate, num_workers=workers)
-            loads = [graph.load(a, b) for a, b, _ in layout]
-            if not all(model.runs(load, r) for load, r in zip(loads, replicas)):
-                continue
-            after, peak = workers, 0.0
-            for load, r in zip(loads, replicas):
-                peak = max(peak, model.stage_memory(load, replicas=r, workers_from_stage=after))
-                after -= r
-            if memory is not None and peak > memory:
-                continue
-            step = predicted_step(loads, replicas, candidate, bandwidth=bandwidth)
-            if best is None or prefer((step, peak), best):
-                best = (step, peak)
+            # per-stage: every assignment of a mode to each stage
+            assignments = (itertools.product(CHECKPOINT_MODES, repeat=len(layout))
+                           if checkpoint == "per-stage" else [None])
+            for modes in assignments:
+                candidate = Candidate(schedule=schedule, num_microbatches=n, checkpoint=checkpoint,
+                                      stage_checkpoints=modes)
+                found = _scored(graph, layout, candidate, workers, memory, bandwidth)
+                if found is not None and (best is None or prefer(found, best)):
+                    best = found
     return best
+
+
+def _scored(graph: CutGraph, layout: list[tuple[int, int, int]], candidate: Candidate,
+            workers: int, memory: float | None, bandwidth: float) -> tuple[float, float] | None:
+    """(simulated step, peak memory) of one plan, None when it cannot run or fit."""
+    replicas = [r for _, _, r in layout]
+    loads = [graph.load(a, b) for a, b, _ in layout]
+    models = stage_models(candidate, len(layout), num_workers=workers)
+    if not all(model.runs(load, r) for model, load, r in zip(models, loads, replicas)):
+        return None
+    after, peak = workers, 0.0
+    for model, load, r in zip(models, loads, replicas):
+        peak = max(peak, model.stage_memory(load, replicas=r, workers_from_stage=after))
+        after -= r
+    if memory is not None and peak > memory:
+        return None
+    return predicted_step(loads, replicas, candidate, bandwidth=bandwidth), peak
 
 
 def _random_profile(rng: random.Random, num_layers: int) -> Profile:
@@ -182,13 +196,45 @@ def test_the_memory_limit_flips_schedule_and_checkpoint(memory: float | None, sc
     profile = _flip_profile()
     config = PlannerConfig(topology=Topology.flat(2, 1e9), straight=True, num_microbatches=(4,),
                            memory_limit=memory)
-    plan = plan_pipetrain(profile, config)
-    assert (plan.schedule, plan.checkpoint, plan.num_microbatches) == (schedule, checkpoint, 4)
     modes = ("never", "except_last", "always")
+    plan = plan_pipetrain(profile, dataclasses.replace(config, checkpoints=modes))
+    assert (plan.schedule, plan.checkpoint, plan.num_microbatches) == (schedule, checkpoint, 4)
     best = _brute_force(profile, 2, 1e9, checkpoints=modes, memory=memory, counts=(4,),
                         straight=True)
     assert (plan.time_per_step, _peak(plan)) == pytest.approx(best)
     assert memory is None or _peak(plan) <= memory
+
+
+def _deep_profile() -> Profile:
+    """Eight equal layers (F = 1, B = 2 per sample) whose saved activations dwarf their
+    inputs: re-materializing saves most of a micro-batch's memory."""
+    layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0, parameter_bytes=100,
+                                output_bytes=100, saved_bytes=10_000) for k in range(8))
+    return Profile(layers=layers, batch_size=8)
+
+
+@pytest.mark.parametrize(("memory", "modes", "gain"), [
+    (6_000, "except_last,except_last,never,never", 1.08),
+    (8_000, "except_last,never,never,never", 1.12),
+])
+def test_per_stage_modes_recompute_only_where_memory_runs_out(memory: int, modes: str,
+                                                              gain: float) -> None:
+    """1F1B on 4 straight stages keeps 4, 3, 2, 1 micro-batches: under a cap that the
+    first stages cannot meet without re-materializing, the plan recomputes on them only
+    and beats every plan with one mode for all stages (here GPipe with ``except_last``)
+    by ``gain``; it is the brute-force optimum over every cut, schedule and assignment of
+    modes to stages."""
+    profile = _deep_profile()
+    config = PlannerConfig(topology=Topology.flat(4, 1e12), straight=True, num_microbatches=(8,),
+                           memory_limit=memory, schedules=("1f1b", "gpipe"))
+    plan = plan_pipetrain(profile, config)
+    uniform = plan_pipetrain(profile, dataclasses.replace(config, checkpoints=CHECKPOINT_MODES))
+    assert (plan.schedule, plan.checkpoint) == ("1f1b", modes)
+    assert uniform.time_per_step > gain * plan.time_per_step
+    assert _peak(plan) <= memory
+    best = _brute_force(profile, 4, 1e12, checkpoints=(*CHECKPOINT_MODES, "per-stage"),
+                        memory=memory, counts=(8,), straight=True, schedules=("1f1b", "gpipe"))
+    assert (plan.time_per_step, _peak(plan)) == pytest.approx(best)
 
 
 def test_no_plan_fits_names_the_smallest_limit_that_does() -> None:
@@ -204,7 +250,8 @@ def test_no_plan_fits_names_the_smallest_limit_that_does() -> None:
     # 1F1B re-materializing every micro-batch: the last stage keeps 1 input and one
     # micro-batch's saved activations, 1 + 10 kB, and 2 kB of weights and gradients
     assert "the smallest limit that fits is 13000 bytes (give --memory 13000 or more)" in message
-    assert make_plan(profile, config(13_000)).checkpoint == "always"
+    # there the first stage re-materializes; the last, keeping one micro-batch, need not
+    assert make_plan(profile, config(13_000)).checkpoint == "always,never"
     with pytest.raises(ValueError, match="smallest limit that fits is 13000"):
         make_plan(profile, config(12_999))
 

@@ -97,7 +97,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         nargs="+",
         metavar="MODE",
         help="pipetrain cost model: checkpoint modes to choose from (never, except_last, "
-             "always; default: never, and all three under --memory)",
+             "always, per-stage: each stage the fastest mode that fits; default: never, and "
+             "all four under --memory)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     parser.add_argument("--out", metavar="FILE", help="also write the plan file here")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from pipetrain.plan.costs import CostModel, LevelContext
 from pipetrain.plan.costs_pipetrain import (
-    CHECKPOINT_MODES,
+    PLANNED_CHECKPOINTS,
     UNRUNNABLE_TIME,
     Candidate,
     PipetrainCostModel,
@@ -305,7 +305,8 @@ def searches(profile: Profile, config: PlannerConfig, *,
     more workers than its plans can use."""
     workers = config.topology.num_workers
     level = LevelContext(bandwidth=config.topology.levels[0].bandwidth)
-    modes = config.checkpoints or (("never",) if config.memory_limit is None else CHECKPOINT_MODES)
+    modes = config.checkpoints or (("never",) if config.memory_limit is None
+                                   else PLANNED_CHECKPOINTS)
     found = []
     for n in step_microbatch_counts(profile, config):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)

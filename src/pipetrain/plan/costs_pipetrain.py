@@ -63,6 +63,8 @@ from pipetrain.schedule import Op, build_schedule
 __all__ = [
     "CHECKPOINT_MODES",
     "DATA_PARALLEL_MODES",
+    "PER_STAGE",
+    "PLANNED_CHECKPOINTS",
     "UNRUNNABLE_BYTES",
     "UNRUNNABLE_TIME",
     "Candidate",
@@ -72,6 +74,7 @@ __all__ = [
     "in_flight",
     "recomputed_forwards",
     "splits_backward",
+    "stage_mode",
     "weight_versions",
     "weights_held",
 ]
@@ -80,6 +83,13 @@ DATA_PARALLEL_MODES = ("replicate", "fsdp")
 """How the replicas of a stage hold its weights (:attr:`Candidate.data_parallel`)."""
 CHECKPOINT_MODES = ("never", "except_last", "always")
 """Re-materialization modes, as :mod:`pipetrain.checkpoint` names them."""
+PER_STAGE = "per-stage"
+"""The planner's mode that gives each stage its own: the fastest of
+:data:`CHECKPOINT_MODES` whose memory fits the limit (:func:`stage_modes`). While cuts are
+searched, a stage is timed as ``never`` (the fastest it can get) and its memory counted
+as ``always`` (the least it can hold); the plan found is then resolved stage by stage."""
+PLANNED_CHECKPOINTS = (*CHECKPOINT_MODES, PER_STAGE)
+"""The checkpoint choices of a :class:`Candidate`."""
 UNRUNNABLE_TIME = 1e18
 """The time of a stage the runtime cannot run (more replicas than micro-batches...)."""
 UNRUNNABLE_BYTES = 1e30
@@ -101,6 +111,10 @@ class Candidate:
     num_microbatches: int = 1
     """``N``: micro-batches per step, all replicas together."""
     checkpoint: str = "never"
+    """One of :data:`PLANNED_CHECKPOINTS`."""
+    stage_checkpoints: tuple[str, ...] | None = None
+    """Each stage's own mode (``per-stage`` resolved for a plan), overriding
+    :attr:`checkpoint` stage by stage."""
     per_replica: tuple[int, ...] | None = None
     """The micro-batches a replica of the first stage may get, ``N`` over its replicas
     (None: any whole share of ``N``): the counts a user asked for, as
@@ -113,13 +127,26 @@ class Candidate:
         n = self.num_microbatches
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"num_microbatches={n!r} must be a whole number >= 1, e.g. 8")
-        if self.checkpoint not in CHECKPOINT_MODES:
+        if self.checkpoint not in PLANNED_CHECKPOINTS:
             raise ValueError(
-                f"checkpoint={self.checkpoint!r} must be one of {', '.join(CHECKPOINT_MODES)}"
+                f"checkpoint={self.checkpoint!r} must be one of {', '.join(PLANNED_CHECKPOINTS)}"
             )
         if self.data_parallel not in DATA_PARALLEL_MODES:
             raise ValueError(f"data_parallel={self.data_parallel!r} must be one of "
                              f"{', '.join(DATA_PARALLEL_MODES)}")
+
+
+def stage_mode(candidate: Candidate, stage: int) -> str:
+    """The re-materialization mode of stage ``stage`` under ``candidate``.
+
+    Example:
+        >>> c = Candidate(checkpoint="per-stage", stage_checkpoints=("always", "never"))
+        >>> stage_mode(c, 0), stage_mode(c, 1), stage_mode(Candidate(), 1)
+        ('always', 'never', 'never')
+    """
+    if candidate.stage_checkpoints is not None:
+        return candidate.stage_checkpoints[stage]
+    return candidate.checkpoint
 
 
 def in_flight(schedule: str, *, per_replica: int, replicas: int, workers_from_stage: int,
@@ -143,7 +170,7 @@ def in_flight(schedule: str, *, per_replica: int, replicas: int, workers_from_st
 
 def recomputed_forwards(checkpoint: str, per_replica: int) -> int:
     """Forwards a replica runs twice: all of them (``always``), all but its last
-    (``except_last``), none (``never``).
+    (``except_last``), none (``never``, and ``per-stage`` before its stages are resolved).
 
     Example:
         >>> [recomputed_forwards(mode, 4) for mode in CHECKPOINT_MODES]
@@ -162,7 +189,7 @@ def activation_bytes(schedule: str, checkpoint: str, *, kept: int, saved_bytes: 
     and, unless re-materialized, its saved activations; re-materializing one brings its
     saved activations back until its backward ends. ``except_last`` keeps the last
     micro-batch whole; under GPipe its backward runs first, otherwise one other micro-batch
-    may be recomputed meanwhile.
+    may be recomputed meanwhile. ``per-stage`` before its stages are resolved: as ``always``.
 
     Example:
         >>> [activation_bytes("1f1b", mode, kept=3, saved_bytes=10.0, input_bytes=1.0)
@@ -174,7 +201,7 @@ def activation_bytes(schedule: str, checkpoint: str, *, kept: int, saved_bytes: 
     whole = saved_bytes + input_bytes
     if checkpoint == "never":
         return kept * whole
-    if checkpoint == "always":
+    if checkpoint in ("always", PER_STAGE):
         return kept * input_bytes + saved_bytes
     rest = (kept - 1) * input_bytes
     return whole + rest + (saved_bytes if kept > 1 and schedule != "gpipe" else 0.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
-from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES
+from pipetrain.plan.costs_pipetrain import PLANNED_CHECKPOINTS
 from pipetrain.plan.effort import DEFAULT_MAX_WORK
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS
 from pipetrain.plan.topology import Topology
@@ -73,7 +73,8 @@ class PlannerConfig:
     micro-batches per step that divides the profile's batch size, up to 64)."""
     checkpoints: tuple[str, ...] | None = None
     """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
-    ``except_last`` and ``always``)."""
+    ``except_last``, ``always`` and ``per-stage``: each stage its own fastest fitting
+    mode, :mod:`pipetrain.plan.per_stage`)."""
     max_work: int | None = DEFAULT_MAX_WORK
     """The most steps the planner's programs may take (None: no limit); a plan that
     needs more is refused at once with :class:`~pipetrain.plan.effort.PlanTooLarge`,
@@ -137,8 +138,8 @@ class PlannerConfig:
                 isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts)):
             problems.append(f"num_microbatches={counts!r} must be whole numbers >= 1, e.g. (8,)")
         modes = self.checkpoints
-        if modes is not None and (not modes or any(m not in CHECKPOINT_MODES for m in modes)):
+        if modes is not None and (not modes or any(m not in PLANNED_CHECKPOINTS for m in modes)):
             problems.append(
-                f"checkpoints={modes!r} must be some of {', '.join(CHECKPOINT_MODES)}"
+                f"checkpoints={modes!r} must be some of {', '.join(PLANNED_CHECKPOINTS)}"
             )
         return problems

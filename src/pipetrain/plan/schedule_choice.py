@@ -70,6 +70,7 @@ from pipetrain.plan.microbatch_profile import (
     MAX_MICROBATCHES,
     microbatch_profile,
 )
+from pipetrain.plan.per_stage import resolve_stage_modes, stage_models
 from pipetrain.plan.plan_file import Plan, PlanStage, profile_identity
 from pipetrain.plan.planner_config import PlannerConfig
 from pipetrain.plan.profile import Profile
@@ -137,14 +138,18 @@ def _option(entry: Search, stages: Stages, schedule: str, config: PlannerConfig,
     fit the memory limit. ``effort`` is charged for building its step's schedule unless
     ``built`` holds it (the schedules are kept, :func:`step_schedule`)."""
     search, base = entry.search, entry.candidate
-    candidate = dataclasses.replace(base, schedule=schedule)
-    model = PipetrainCostModel(candidate, num_workers=config.topology.num_workers)
+    workers = config.topology.num_workers
     replicas = [r for _, _, r in stages]
     loads = [search.load(a, b) for a, b, _ in stages]
-    if not all(model.runs(load, r) for load, r in zip(loads, replicas)):
+    candidate = resolve_stage_modes(loads, replicas, dataclasses.replace(base, schedule=schedule),
+                                    memory_limit=config.memory_limit, num_workers=workers)
+    if candidate is None:
+        return None
+    models = stage_models(candidate, len(stages), num_workers=workers)
+    if not all(model.runs(load, r) for model, load, r in zip(models, loads, replicas)):
         return None
     after, memory = sum(replicas), 0.0
-    for load, r in zip(loads, replicas):
+    for model, load, r in zip(models, loads, replicas):
         memory = max(memory, model.stage_memory(load, replicas=r, workers_from_stage=after))
         after -= r
     if config.memory_limit is not None and memory > config.memory_limit:
@@ -361,9 +366,10 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
     search, candidate = best.search, best.candidate
     workers, bandwidth = config.topology.num_workers, search.level.bandwidth
     model = PipetrainCostModel(candidate, num_workers=workers)
+    models = stage_models(candidate, len(best.stages), num_workers=workers)
     after = sum(r for _, _, r in best.stages)
     stages = []
-    for a, b, r in best.stages:
+    for model, (a, b, r) in zip(models, best.stages):
         load = search.load(a, b)
         stages.append(PlanStage(
             nodes=search.graph.node_ids(a, b),
@@ -374,11 +380,11 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         after -= r
     replicated = None
     if candidate.data_parallel == "fsdp":  # what the same plan would need replicated
-        copies = PipetrainCostModel(dataclasses.replace(candidate, data_parallel="replicate"),
-                                    num_workers=workers)
+        replicated_models = stage_models(dataclasses.replace(candidate, data_parallel="replicate"),
+                                         len(best.stages), num_workers=workers)
         after = sum(r for _, _, r in best.stages)
         replicated = 0.0
-        for a, b, r in best.stages:
+        for copies, (a, b, r) in zip(replicated_models, best.stages):
             replicated = max(replicated, copies.stage_memory(search.load(a, b), replicas=r,
                                                              workers_from_stage=after))
             after -= r
@@ -401,7 +407,8 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         profile=profile_identity(profile),
         schedule=candidate.schedule,
         num_microbatches=candidate.num_microbatches // best.stages[0][2],
-        checkpoint=candidate.checkpoint,
+        checkpoint=(",".join(candidate.stage_checkpoints) if candidate.stage_checkpoints
+                    else candidate.checkpoint),
         data_parallel=candidate.data_parallel,
         replicated_memory=replicated,
     )

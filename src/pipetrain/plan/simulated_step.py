@@ -42,7 +42,7 @@ import functools
 from collections.abc import Sequence
 
 from pipetrain.plan.costs import StageLoad
-from pipetrain.plan.costs_pipetrain import Candidate, recomputed_forwards
+from pipetrain.plan.costs_pipetrain import Candidate, recomputed_forwards, stage_mode
 from pipetrain.schedule import (
     Costs,
     Op,
@@ -136,9 +136,9 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         ((3.0,), (2.5,), (1.0,))
     """
     forward, backward, inputs, weights, latency, reduce, step = ([] for _ in range(7))
-    for load, r in zip(loads, replicas):
+    for j, (load, r) in enumerate(zip(loads, replicas)):
         per_replica = -(-candidate.num_microbatches // r)
-        share = recomputed_forwards(candidate.checkpoint, per_replica) / per_replica
+        share = recomputed_forwards(stage_mode(candidate, j), per_replica) / per_replica
         recompute = share * load.forward_s
         forward.append(load.forward_s)
         backward.append(max(0.0, load.compute_s - load.forward_s) + recompute)

@@ -70,12 +70,15 @@ def _replicas(stage: PlanStage) -> str:
 
 def render_plan(plan: Plan) -> str:
     """The table and summary lines (no trailing newline)."""
+    modes = (plan.checkpoint or "").split(",")
+    per_stage = len(modes) == plan.num_stages > 1
     rows = [
         (str(j), describe_nodes(stage.nodes), _replicas(stage), _seconds(stage.time),
-         _bytes(stage.memory_per_worker))
+         _bytes(stage.memory_per_worker)) + ((modes[j],) if per_stage else ())
         for j, stage in enumerate(plan.stages)
     ]
-    header = ("stage", "nodes", "replicas", "time/step", "memory/worker")
+    header = ("stage", "nodes", "replicas", "time/step", "memory/worker") + (
+        ("checkpoint",) if per_stage else ())
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     widths[1] = max(widths[1], 20)
     lines = [
@@ -125,6 +128,10 @@ def render_plan(plan: Plan) -> str:
             + (f", checkpoint {plan.checkpoint}" if plan.checkpoint else "")
             + f" (chosen by the {plan.cost_model} cost model)"
         )
+    if per_stage:
+        lines.append("checkpoint per stage: each stage takes the fastest mode whose memory fits "
+                     "the limit (never, except_last, always); the stages that keep more "
+                     "micro-batches in flight re-materialize, the others keep their activations")
     elif plan.cost_model == "pipedream":
         in_flight = -(-plan.workers_used // plan.stages[0].replicas)
         lines.append(
