@@ -56,7 +56,6 @@ from pipetrain.frontend.pipelines import pipeline_units, wants_capture
 from pipetrain.runtime.batchnorm_sync import DeferredNorms
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.executor import RankExecutor, StepIO
-from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.precision import LossScaler, autocast_dtype
 from pipetrain.runtime.process_group import DistContext
 from pipetrain.runtime.rng import RandomStreams, mix_seed
@@ -183,7 +182,6 @@ class Pipeline:
         self._scalar_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         # every layer draws from streams keyed by (seed, step, layer, micro-batch of the batch)
         self._streams = RandomStreams()
-        self._checkpoint_modes = config.checkpoint_modes
         self.stages = build_stages(
             self.layers, layout=self.layout, local_stages=self.local_stages,
             skips=model_skip_layout(layers, self.layers, layout=self.layout,
@@ -193,12 +191,8 @@ class Pipeline:
             fuse_weight_gradients=(config.fuse_weight_gradients and self.sharded is None
                                    and config.tensor_parallel == 1),
             autocast=autocast_dtype(config.mixed_precision), compile=config.compile,
-            selective=[j for j in self.local_stages if self._checkpoint_modes[j] == "selective"],
+            modes=config.checkpoint_modes, offload=config.offload_bytes,
         )
-        for j, budget in enumerate(config.offload_bytes):
-            if budget is not None and j in self.stages:
-                self.stages[j].offload = ActivationOffload(budget, device=self.device,
-                                                           params=self.stages[j].params)
         if self.sharded is not None:
             self.sharded.attach(self.stages.values())
         self._norms = DeferredNorms(self.layers.values(), group=self._replica_group,
@@ -357,7 +351,7 @@ class Pipeline:
             inputs=batches.inputs if 0 in self.local_stages else None,
             targets=batches.targets if self._holds_last else None,
             loss_scales=[s * loss_scale for s in batches.scales],
-            checkpointed=self._schedules.checkpointed(self._checkpoint_modes, self.schedule_name,
+            checkpointed=self._schedules.checkpointed(self.config.checkpoint_modes, self.schedule_name,
                                                       n, rank=self._layout_rank),
         )
         self.optimizers.begin_step()

@@ -12,7 +12,7 @@ although each process has its own :class:`~pipetrain.skip.Namespace` objects.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from torch import nn
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import LayerSource, Layout, StageModule
 from pipetrain.batchnorm import DeferredBatchNorm
+from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.rng import RandomStreams
 from pipetrain.runtime.stage import LossFn, StageCompute
 from pipetrain.skip import SkipLayout, Skippable, skip_layout
@@ -94,12 +95,14 @@ def build_stages(
     fuse_weight_gradients: bool,
     autocast: torch.dtype | None = None,
     compile: bool = False,
-    selective: Collection[int] = (),
+    modes: Sequence[str] | None = None,
+    offload: Sequence[int | None] | None = None,
 ) -> dict[int, StageCompute]:
     """The compute of this rank's model stages, each running its layers seeded one by one
-    (each compiled in place with ``torch.compile`` when ``compile``; the stages in
-    ``selective`` keep only their matrix products' outputs for backward, see
-    :mod:`pipetrain.runtime.selective`).
+    (each compiled in place with ``torch.compile`` when ``compile``; a stage whose mode in
+    ``modes`` is ``selective`` keeps only its matrix products' outputs for backward, see
+    :mod:`pipetrain.runtime.selective`; one with a budget in ``offload`` moves what its
+    forwards save beyond that many bytes to host memory, :mod:`pipetrain.runtime.offload`).
 
     Example:
         >>> from pipetrain.api.config import PipelineConfig
@@ -130,8 +133,11 @@ def build_stages(
             first_layer=layout.layer_ranges[j].start,
             fuse_weight_gradients=fuse_weight_gradients,
             autocast=autocast,
-            selective=j in selective,
+            selective=modes is not None and modes[j] == "selective",
         )
+        budget = offload[j] if offload is not None else None
+        if budget is not None:
+            stages[j].offload = ActivationOffload(budget, device=device, params=stages[j].params)
     return stages
 
 

@@ -16,11 +16,14 @@ what is seeded: every layer is (about 3 microseconds per layer and micro-batch).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["LayerHook", "RandomStreams", "mix_seed", "seeded_layers"]
+__all__ = ["LayerHook", "RandomStreams", "mix_seed", "seeded_layers", "seeding_hooks"]
 
 LayerHook = Callable[[int], None]
 """Called with a layer's global index right before the layer runs."""
@@ -125,3 +128,31 @@ class RandomStreams:
         call before each layer (``None``: run the stage as it is, unseeded)."""
         with seeded_layers(self.seed, microbatch, device) as enter:
             yield enter
+
+
+@contextlib.contextmanager
+def seeding_hooks(layers: Sequence[nn.Module], enter: LayerHook,
+                   first_layer: int) -> Iterator[None]:
+    """Forward pre-hooks that call ``enter(first_layer + l)`` before the ``l``-th layer
+    call, while the block runs (a layer listed twice is entered at each position).
+
+    Example:
+        >>> layer = nn.Identity()
+        >>> seen = []
+        >>> with seeding_hooks([layer, layer], seen.append, 3):
+        ...     _ = layer(torch.ones(1)), layer(torch.ones(1))
+        >>> seen
+        [3, 4]
+    """
+    positions = itertools.count(first_layer)
+
+    def seed(*_: Any) -> None:
+        enter(next(positions))
+
+    handles = [layer.register_forward_pre_hook(seed, prepend=True)
+               for layer in dict.fromkeys(layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -24,7 +24,6 @@ The message between stages ``j`` and ``j + 1`` is the stage output itself, or
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,7 @@ from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
 from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.precision import stage_autocast
-from pipetrain.runtime.rng import LayerHook, RandomStreams
+from pipetrain.runtime.rng import LayerHook, RandomStreams, seeding_hooks
 from pipetrain.runtime.selective import selective_call
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
@@ -70,25 +69,6 @@ class _InFlight:
 def _announce(tensor: torch.Tensor, differentiable: bool) -> bool:
     """Whether a checkpointed output is announced as needing a gradient."""
     return differentiable and (tensor.is_floating_point() or tensor.is_complex())
-
-
-@contextlib.contextmanager
-def _seeding_hooks(layers: Sequence[nn.Module], enter: LayerHook,
-                   first_layer: int) -> Iterator[None]:
-    """Forward pre-hooks that call ``enter(first_layer + l)`` before the ``l``-th layer
-    call, while the block runs (a layer listed twice is entered at each position)."""
-    positions = itertools.count(first_layer)
-
-    def seed(*_: Any) -> None:
-        enter(next(positions))
-
-    handles = [layer.register_forward_pre_hook(seed, prepend=True)
-               for layer in dict.fromkeys(layers)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 class StageCompute:
@@ -183,7 +163,7 @@ class StageCompute:
         tracker = SkipTracker(skips)
         with use_skip_tracker(tracker):
             if self.module_hooks:
-                with _seeding_hooks(self.layers, enter, self.first_layer):
+                with seeding_hooks(self.layers, enter, self.first_layer):
                     value = self.module(value)
             else:
                 for index, layer in enumerate(self.layers, start=self.first_layer):
