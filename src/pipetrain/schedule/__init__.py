@@ -29,6 +29,7 @@ from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.looped_bfs import looped_bfs
 from pipetrain.schedule.lowering import add_communication, add_optimizer_step, complete_lowering
+from pipetrain.schedule.memory import ActivationPeaks, StageBytes, activation_peaks
 from pipetrain.schedule.one_f_one_b import one_f_one_b
 from pipetrain.schedule.pipedream import pipedream
 from pipetrain.schedule.program import Schedule, loop_placement, v_placement
@@ -65,15 +66,18 @@ __all__ = [
     "TRAINING_SCHEDULES",
     "V_SCHEDULES",
     "Action",
+    "ActivationPeaks",
     "AsyncStream",
     "Costs",
     "Op",
     "Schedule",
     "ScheduleError",
     "SimulationResult",
+    "StageBytes",
     "StageCosts",
     "SteadyState",
     "TimedAction",
+    "activation_peaks",
     "add_communication",
     "add_optimizer_step",
     "build_schedule",

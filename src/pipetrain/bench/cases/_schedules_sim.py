@@ -31,8 +31,9 @@ from pipetrain.schedule import (
     TRAINING_SCHEDULES,
     AsyncStream,
     Costs,
-    Op,
     Schedule,
+    StageBytes,
+    activation_peaks,
     build_schedule,
     default_stages_per_rank,
     simulate,
@@ -191,17 +192,8 @@ def peak_activation_bytes(schedule: Schedule, stage_bytes: Sequence[int]) -> tup
         >>> peak_activation_bytes(gpipe(2, 3), [5, 7])
         (15, 21)
     """
-    peaks = []
-    for actions in schedule.actions:
-        held = peak = 0
-        for a in actions:
-            if a.op is Op.FORWARD:
-                held += stage_bytes[a.stage]
-                peak = max(peak, held)
-            elif a.op is Op.BACKWARD or a.op is Op.BACKWARD_WEIGHT:
-                held -= stage_bytes[a.stage]
-        peaks.append(peak)
-    return tuple(peaks)
+    peaks = activation_peaks(schedule, [StageBytes(saved=b) for b in stage_bytes]).per_rank
+    return tuple(int(p) for p in peaks)
 
 
 def _held(schedule: Schedule) -> int:

@@ -1,0 +1,143 @@
+"""Activation memory of a schedule: the bytes each stage and each rank holds at its peak,
+under each stage's re-materialization mode and offload budget.
+
+A micro-batch of stage ``j`` holds, from its forward ``F`` to the end of its backward
+(``B``, or ``W`` when split): its input and its saved activations (``never``), its saved
+activations as the selective mode keeps them (``selective``), or its input alone when it
+is re-materialized (``always``; ``except_last``: all but the stage's last micro-batch on
+the rank), whose saved activations come back at its first backward action. With an
+offload budget ``b`` a stage keeps at most ``b`` bytes on its device, plus the
+micro-batch whose backward is running (brought back one action ahead). A rank's peak
+is the most its stages hold together, walking its actions in order (what the runtime
+keeps: transient buffers of a running backward are not counted).
+
+Example:
+    >>> from pipetrain.schedule.one_f_one_b import one_f_one_b
+    >>> peaks = activation_peaks(one_f_one_b(2, 4), [StageBytes(saved=10, input=1)] * 2)
+    >>> peaks.per_rank, peaks.per_stage  # 1F1B: rank 0 keeps 2 micro-batches, rank 1 one
+    ((22.0, 11.0), (22.0, 11.0))
+    >>> activation_peaks(one_f_one_b(2, 4), [StageBytes(saved=10, input=1)] * 2,
+    ...                  modes=("always", "never")).per_rank  # 2 inputs + one rebuilt
+    (12.0, 11.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipetrain.schedule.actions import Op
+from pipetrain.schedule.program import Schedule
+
+__all__ = ["ActivationPeaks", "StageBytes", "activation_peaks"]
+
+_FIRST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
+_LAST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """What one micro-batch of a stage holds for its backward.
+
+    Example:
+        >>> StageBytes(saved=10.0, input=1.0, selective=4.0).kept("selective")
+        5.0
+    """
+
+    saved: float
+    """Its saved activations, kept whole (``never``)."""
+    input: float = 0.0
+    """Its input (all a re-materialized micro-batch keeps)."""
+    selective: float | None = None
+    """Its saved activations under ``selective`` (None: as :attr:`saved`)."""
+
+    def kept(self, mode: str) -> float:
+        """Bytes held from the forward to the backward under ``mode`` (a micro-batch that
+        is not re-materialized)."""
+        if mode == "selective" and self.selective is not None:
+            return self.selective + self.input
+        return self.saved + self.input
+
+
+@dataclass(frozen=True)
+class ActivationPeaks:
+    """Peak activation bytes, per rank and per stage."""
+
+    per_rank: tuple[float, ...]
+    per_stage: tuple[float, ...]
+
+
+def _rematerialized(schedule: Schedule, modes: Sequence[str]) -> set[tuple[int, int]]:
+    """(stage, micro-batch) pairs that keep only their input."""
+    last: dict[tuple[int, int], int] = {}  # (rank, stage) -> its last forward's micro-batch
+    chosen = set()
+    for rank, actions in enumerate(schedule.actions):
+        for a in actions:
+            if a.op is Op.FORWARD and a.microbatch is not None:
+                last[(rank, a.stage)] = max(last.get((rank, a.stage), -1), a.microbatch)
+                if modes[a.stage] in ("always", "except_last"):
+                    chosen.add((a.stage, a.microbatch))
+    for (_, stage), microbatch in last.items():
+        if modes[stage] == "except_last":
+            chosen.discard((stage, microbatch))
+    return chosen
+
+
+def activation_peaks(
+    schedule: Schedule,
+    stages: Sequence[StageBytes],
+    *,
+    modes: Sequence[str] | None = None,
+    offload: Sequence[float | None] | None = None,
+) -> ActivationPeaks:
+    """The peak activation bytes of every rank and stage of ``schedule`` (see the module
+    docstring), ``stages[j]`` giving stage ``j``'s bytes per micro-batch, ``modes[j]`` its
+    mode (default ``never``) and ``offload[j]`` its budget (None: no offload).
+
+    Raises:
+        ValueError: not one entry per stage in ``stages``, ``modes`` or ``offload``.
+    """
+    count = schedule.num_stages
+    modes = tuple(modes) if modes is not None else ("never",) * count
+    budgets = tuple(offload) if offload is not None else (None,) * count
+    if not len(stages) == len(modes) == len(budgets) == count:
+        raise ValueError(f"activation_peaks: the schedule has {count} stages, got "
+                         f"{len(stages)} stage sizes, {len(modes)} modes and "
+                         f"{len(budgets)} offload budgets")
+    inputs_only = _rematerialized(schedule, modes)
+    stage_peak = [0.0] * count
+    rank_peaks = []
+    for actions in schedule.actions:
+        held: dict[int, float] = {}  # stage -> bytes its micro-batches hold (offload aside)
+        running: dict[int, float] = {}  # stage -> bytes of the micro-batch in backward
+        peak = 0.0
+        for a in actions:
+            j, i = a.stage, a.microbatch
+            if i is None or not a.op.is_compute:
+                continue
+            whole = stages[j].kept(modes[j])
+            thin = (j, i) in inputs_only
+            if a.op is Op.FORWARD:
+                held[j] = held.get(j, 0.0) + (stages[j].input if thin else whole)
+            elif a.op in _FIRST_BACKWARD:
+                if thin:  # rebuilt: its saved activations are back
+                    held[j] = held.get(j, 0.0) + whole - stages[j].input
+                running[j] = whole
+            resident = {s: _resident(h, budgets[s], running.get(s, 0.0))
+                        for s, h in held.items()}
+            for s, value in resident.items():
+                stage_peak[s] = max(stage_peak[s], value)
+            peak = max(peak, sum(resident.values()))
+            if a.op in _LAST_BACKWARD:
+                held[j] -= whole
+                running.pop(j, None)
+        rank_peaks.append(peak)
+    return ActivationPeaks(per_rank=tuple(rank_peaks), per_stage=tuple(stage_peak))
+
+
+def _resident(held: float, budget: float | None, running: float) -> float:
+    """A stage's bytes on its device: all it holds, or its budget and the micro-batch
+    whose backward runs."""
+    if budget is None:
+        return held
+    return min(held, budget + running)
