@@ -16,7 +16,7 @@ recomputation, which runs in whichever thread executes that part of the backward
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from pipetrain.nested import map_tensors
+from pipetrain.schedule.memory import STAGE_CHECKPOINT_MODES, stage_modes
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -40,48 +41,6 @@ __all__ = [
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
 """Which micro-batches are checkpointed, as torchgpipe's ``GPipe(checkpoint=...)``."""
-
-
-STAGE_CHECKPOINT_MODES = (*CHECKPOINT_MODES, "selective")
-"""What a pipeline stage may do with its activations: re-materialize all, all but the last,
-or none of its micro-batches, or keep only its matrix products' outputs and recompute the
-rest (``selective``, :mod:`pipetrain.runtime.selective`)."""
-
-
-def stage_modes(checkpoint: str | Sequence[str], num_stages: int) -> tuple[str, ...]:
-    """One re-materialization mode per stage: ``checkpoint`` for every stage, or its own
-    entry for each (``num_stages`` entries of :data:`STAGE_CHECKPOINT_MODES`).
-
-    Example:
-        >>> stage_modes("always", 3)
-        ('always', 'always', 'always')
-        >>> stage_modes("always,selective", 2)
-        ('always', 'selective')
-        >>> stage_modes(["never", "sometimes"], 2)
-        Traceback (most recent call last):
-        ...
-        ValueError: checkpoint ['never', 'sometimes']: stage 1's mode 'sometimes' is not one of always, except_last, never, selective; fix: e.g. checkpoint=('always', 'never')
-
-    Raises:
-        ValueError: an unknown mode, or not one mode per stage.
-    """
-    modes = tuple(m.strip() for m in checkpoint.split(",")) if isinstance(checkpoint, str) \
-        else tuple(checkpoint)
-    if len(modes) == 1:
-        modes = modes * num_stages
-    example = ("always",) + ("never",) * (num_stages - 1)
-    for j, mode in enumerate(modes):
-        if mode not in STAGE_CHECKPOINT_MODES:
-            raise ValueError(
-                f"checkpoint {checkpoint!r}: stage {j}'s mode {mode!r} is not one of "
-                f"{', '.join(STAGE_CHECKPOINT_MODES)}; fix: e.g. checkpoint={example}"
-            )
-    if len(modes) != num_stages:
-        raise ValueError(
-            f"checkpoint {checkpoint!r}: {len(modes)} modes for {num_stages} stages; fix: "
-            f"one mode for all stages or one per stage, e.g. checkpoint={example}"
-        )
-    return modes
 
 
 class _Flags(threading.local):

@@ -266,3 +266,27 @@ def test_counts_of_one_are_singular(capsys: pytest.CaptureFixture[str]) -> None:
     assert "1f1b on 1 rank (1 stage), 1 micro-batch: makespan 3" in text
     assert "a model of 1 equal layer," in text
     assert not any(f"1 {noun}s" in text for noun in ("rank", "stage", "layer", "micro-batche"))
+
+
+def test_activation_bytes_per_rank_and_stage_under_modes_and_offload(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """8 layers of 1 MB saved each, 10 kB inputs, 1F1B on 4 ranks (keeping 4, 3, 2, 1)."""
+    base = ["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--layers", "8",
+            "--activations", "1e6:1e4"]
+    kept = _json(capsys, *base)
+    assert kept["activation_bytes_per_rank"] == [k * 2.01e6 for k in (4, 3, 2, 1)]
+    mixed = _json(capsys, *base, "--checkpoint", "always,never,never,never",
+                  "--offload", "none,none,1e6,none")
+    # stage 0: 4 inputs and one rebuilt micro-batch; stage 2: 1 MB and the one in backward
+    assert mixed["activation_bytes_per_stage"] == [4e4 + 2e6, 3 * 2.01e6, 1e6 + 2.01e6, 2.01e6]
+    # V-Half on the same layers (one per half stage, no inputs counted): half of 1F1B's 8 MB
+    v = _json(capsys, "--schedule", "v-half", "--stages", "4", "--microbatches", "8",
+              "--layers", "8", "--activations", "1e6")
+    assert v["activation_bytes_per_rank"] == [4e6] * 4
+
+
+def test_memory_options_need_the_activation_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                 "--checkpoint", "always"]) == 2
+    assert "give --activations too" in capsys.readouterr().err

@@ -18,7 +18,6 @@ from pipetrain.api.user_schedule import (
     resolve_user_schedule,
     user_schedule_problems,
 )
-from pipetrain.checkpoint import stage_modes
 from pipetrain.runtime.precision import LossScaling, precision_problem
 from pipetrain.schedule import (
     ASYNC_SCHEDULES,
@@ -29,6 +28,7 @@ from pipetrain.schedule import (
     schedule_placement,
     stages_per_rank_range,
 )
+from pipetrain.schedule.memory import stage_modes
 
 __all__ = ["PipelineConfig", "Spelling", "config_problems"]
 

@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pipetrain.checkpoint import stage_modes
 from pipetrain.schedule import ASYNC_SCHEDULES
+from pipetrain.schedule.memory import stage_modes
 
 __all__ = ["memory_problems", "stage_budgets"]
 

@@ -33,6 +33,13 @@ from pipetrain.schedule import (
 )
 from pipetrain.schedule.async_stream import AsyncStream
 from pipetrain.schedule.costs import LAYER_COSTS, even_layers, model_costs
+from pipetrain.schedule.memory import (
+    ActivationPeaks,
+    StageBytes,
+    activation_peaks,
+    offload_budgets,
+    stage_modes,
+)
 from pipetrain.schedule.steady_state import steady_state, window_time
 
 __all__ = ["add_parser", "run"]
@@ -91,6 +98,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"steps of M micro-batches for the asynchronous schedules ({', '.join(ASYNC_SCHEDULES)}; "
              "default 4): they stream without flushes, and the figures show their steady state",
+    )
+    parser.add_argument(
+        "--activations", metavar="SAVED[:INPUT]",
+        help="bytes one layer saves for its backward per micro-batch (and a stage's input "
+             "per micro-batch, default 0): the peak activation bytes of every rank and stage "
+             "are reported, under --checkpoint and --offload; e.g. --activations 6.4e7:4e6",
+    )
+    parser.add_argument(
+        "--checkpoint", default="never", metavar="MODE[,MODE...]",
+        help="with --activations: each stage's mode (never, except_last, always; one for all "
+             "or one per stage); default never",
+    )
+    parser.add_argument(
+        "--offload", default=None, metavar="BYTES[,BYTES...]",
+        help="with --activations: bytes each stage keeps on its device, the rest offloaded "
+             "('none': a stage keeps all)",
     )
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the input stage's weight version")
@@ -154,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         costs = model_costs(given, num_ranks=schedule.num_ranks, stage_layers=stage_layers)
         result = simulate(schedule, costs)
         steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
+        memory = _memory(schedule, stage_layers, args)
         steps = 4 if args.steps is None else args.steps  # of an asynchronous schedule
     except (OSError, ValueError) as error:
         sys.stderr.write(f"pipetrain simulate: error: {in_flags(str(error))}\n")
@@ -182,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
         }
         if steady is not None:
             data.update(steps=steps, vertical_sync=args.vertical_sync, **steady)
+        if memory is not None:
+            data.update(activation_bytes_per_rank=list(memory.per_rank),
+                        activation_bytes_per_stage=list(memory.per_stage))
         sys.stdout.write(json.dumps(data) + "\n")
         return 0
     peaks = ", ".join(str(p) for p in result.peak_activations)
@@ -198,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
         + (f" Timeline written to {args.plot}." if args.plot else "")
         + "\n"
     )
+    if memory is not None:
+        sys.stdout.write(
+            f"peak activation bytes per rank: {', '.join(f'{b:.4g}' for b in memory.per_rank)}; "
+            f"per stage: {', '.join(f'{b:.4g}' for b in memory.per_stage)} (checkpoint "
+            f"{args.checkpoint}" + (f", offload {args.offload}" if args.offload else "") + ")\n")
     if steady is not None:
         sys.stdout.write(
             f"steady state (a long run): one micro-batch every {steady['steady_per_microbatch']:g}; "
@@ -212,6 +244,37 @@ def run(args: argparse.Namespace) -> int:
             "1f1b).\n"
         )
     return 0
+
+
+def _memory(schedule: Schedule, stage_layers: tuple[int, ...],
+            args: argparse.Namespace) -> ActivationPeaks | None:
+    """The peak activation bytes under ``--activations``, ``--checkpoint`` and ``--offload``
+    (None without ``--activations``)."""
+    if args.activations is None:
+        if args.checkpoint != "never" or args.offload is not None:
+            raise ValueError("--checkpoint and --offload price memory: give --activations too, "
+                             "e.g. --activations 6.4e7")
+        return None
+    saved, _, given_input = args.activations.partition(":")
+    try:
+        per_layer, per_input = float(saved), float(given_input or 0)
+    except ValueError:
+        raise ValueError(f"--activations {args.activations}: not SAVED[:INPUT] in bytes; fix: "
+                         "e.g. --activations 6.4e7:4e6") from None
+    count = schedule.num_stages
+    modes = stage_modes(args.checkpoint, count)
+    if "selective" in modes:
+        raise ValueError("--checkpoint selective: the simulator has no figure for what a "
+                         "selective stage keeps; fix: never, except_last or always")
+    budgets = offload_budgets(args.offload)
+    offload = (None if budgets is None else
+               tuple(budgets) if isinstance(budgets, tuple) else (budgets,) * count)
+    if offload is not None and (len(offload) != count or not all(
+            b is None or isinstance(b, float) for b in offload)):
+        raise ValueError(f"--offload {args.offload}: one number of bytes (or none) for all "
+                         f"stages or one per stage ({count})")
+    stages = [StageBytes(saved=per_layer * n, input=per_input) for n in stage_layers]
+    return activation_peaks(schedule, stages, modes=modes, offload=offload)
 
 
 def _stage_layers(schedule: Schedule, layers: int | None) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from typing import Any
 from pipetrain.api.lr_schedule import LR_SCHEDULES
 from pipetrain.api.optimizers import OPTIMIZERS
 from pipetrain.cli.run_config import RunConfig
+from pipetrain.schedule.memory import offload_budgets
 
 __all__ = [
     "FLAGS",
@@ -25,7 +26,6 @@ __all__ = [
     "asynchronous",
     "flag",
     "gpt_config",
-    "offload_budgets",
     "pipeline_config",
     "pipeline_fields",
     "recorded",
@@ -333,31 +333,6 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "reshard_after_forward": bool(args.fsdp_reshard),
         **failure_bounds(args.timeout),
     }
-
-
-def offload_budgets(text: str | None) -> Any:
-    """``--offload``'s text as :attr:`~pipetrain.api.config.PipelineConfig.offload`: MiB
-    for all stages, or per stage (``none``: that stage keeps all); a word that is not a
-    number is passed on for the configuration to name.
-
-    Example:
-        >>> offload_budgets("0"), offload_budgets("512,none"), offload_budgets(None)
-        (0.0, (512.0, None), None)
-    """
-    if text is None:
-        return None
-
-    def budget(word: str) -> Any:
-        word = word.strip()
-        if word.lower() in ("none", "-"):
-            return None
-        try:
-            return float(word)
-        except ValueError:
-            return word
-
-    budgets = tuple(budget(word) for word in text.split(","))
-    return budgets[0] if len(budgets) == 1 else budgets
 
 
 def failure_bounds(timeout: float) -> dict[str, float]:

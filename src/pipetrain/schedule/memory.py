@@ -25,11 +25,80 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipetrain.schedule.actions import Op
 from pipetrain.schedule.program import Schedule
 
-__all__ = ["ActivationPeaks", "StageBytes", "activation_peaks"]
+__all__ = ["STAGE_CHECKPOINT_MODES", "ActivationPeaks", "StageBytes", "activation_peaks",
+           "offload_budgets", "stage_modes"]
+
+STAGE_CHECKPOINT_MODES = ("always", "except_last", "never", "selective")
+"""What a pipeline stage may do with its activations: re-materialize all, all but the last,
+or none of its micro-batches, or keep only its matrix products' outputs and recompute the
+rest (``selective``, :mod:`pipetrain.runtime.selective`)."""
+
+
+def stage_modes(checkpoint: str | Sequence[str], num_stages: int) -> tuple[str, ...]:
+    """One re-materialization mode per stage: ``checkpoint`` for every stage, or its own
+    entry for each (``num_stages`` entries of :data:`STAGE_CHECKPOINT_MODES`).
+
+    Example:
+        >>> stage_modes("always", 3)
+        ('always', 'always', 'always')
+        >>> stage_modes("always,selective", 2)
+        ('always', 'selective')
+        >>> stage_modes(["never", "sometimes"], 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: checkpoint ['never', 'sometimes']: stage 1's mode 'sometimes' is not one of always, except_last, never, selective; fix: e.g. checkpoint=('always', 'never')
+
+    Raises:
+        ValueError: an unknown mode, or not one mode per stage.
+    """
+    modes = tuple(m.strip() for m in checkpoint.split(",")) if isinstance(checkpoint, str) \
+        else tuple(checkpoint)
+    if len(modes) == 1:
+        modes = modes * num_stages
+    example = ("always",) + ("never",) * (num_stages - 1)
+    for j, mode in enumerate(modes):
+        if mode not in STAGE_CHECKPOINT_MODES:
+            raise ValueError(
+                f"checkpoint {checkpoint!r}: stage {j}'s mode {mode!r} is not one of "
+                f"{', '.join(STAGE_CHECKPOINT_MODES)}; fix: e.g. checkpoint={example}"
+            )
+    if len(modes) != num_stages:
+        raise ValueError(
+            f"checkpoint {checkpoint!r}: {len(modes)} modes for {num_stages} stages; fix: "
+            f"one mode for all stages or one per stage, e.g. checkpoint={example}"
+        )
+    return modes
+
+
+def offload_budgets(text: str | None) -> Any:
+    """``--offload``'s text as :attr:`~pipetrain.api.config.PipelineConfig.offload`: MiB
+    for all stages, or per stage (``none``: that stage keeps all); a word that is not a
+    number is passed on for the configuration to name.
+
+    Example:
+        >>> offload_budgets("0"), offload_budgets("512,none"), offload_budgets(None)
+        (0.0, (512.0, None), None)
+    """
+    if text is None:
+        return None
+
+    def budget(word: str) -> Any:
+        word = word.strip()
+        if word.lower() in ("none", "-"):
+            return None
+        try:
+            return float(word)
+        except ValueError:
+            return word
+
+    budgets = tuple(budget(word) for word in text.split(","))
+    return budgets[0] if len(budgets) == 1 else budgets
+
 
 _FIRST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
 _LAST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
