@@ -12,7 +12,11 @@ needs it and defer the weight-gradient pass to fill bubbles. This works for any 
 3. The weight pass accumulates each linear layer's weight gradient in place,
    ``W.grad.addmm_(g.T, x)`` (one GEMM that reads and writes ``W.grad`` once, instead of
    a fresh gradient plus an addition: gradient-accumulation fusion), and restarts
-   autograd at the other boundaries (``GradientEdge``) for the remaining weights.
+   autograd at the other boundaries (``GradientEdge``) for the remaining weights. When
+   those remaining weights are few (at most :data:`EAGER_SHARE` of the elements: a
+   transformer's norms, biases and embeddings), the input pass computes their gradients
+   too and the graph is freed right after it: between ``I`` and ``W`` a micro-batch then
+   keeps only its linear layers' inputs and output gradients.
 
 A linear layer is *fusible* when its node is ``addmm`` / ``mm`` of a saved 2-D input
 ``x`` and a 2-D weight that is a parameter of the stage, either transposed (``x @ W.T``:
@@ -41,7 +45,14 @@ from pipetrain.backward.gradient_pool import GradientPool
 from pipetrain.backward.roots import Root, start_points
 from pipetrain.compat import gemm_node, has_grad_hooks, transposed_input
 
-__all__ = ["FUSE_MIN_ELEMENTS", "GradientPool", "WeightGradient", "backward_input"]
+__all__ = ["EAGER_SHARE", "FUSE_MIN_ELEMENTS", "GradientPool", "WeightGradient",
+           "backward_input"]
+
+EAGER_SHARE = 0.1
+"""When the weights that are not fused linear layers' hold at most this share of a stage's
+parameter elements (norms, biases, embeddings of a transformer), the input pass computes
+their gradients too and frees the graph: the weight pass then keeps only the linear
+layers' inputs and output gradients, not every saved activation."""
 
 FUSE_MIN_ELEMENTS = 1 << 18
 """Weights smaller than this (1 MiB in fp32) are left to autograd in a full backward
@@ -315,6 +326,14 @@ def backward_input(
         )
         return [x.grad if x.requires_grad else None for x in inputs], weight
 
+    fused_ids = {id(q) for lin in linears.values() for q in lin.params}
+    others = [q for q in params if id(q) not in fused_ids]
+    if (groups or whole) and linears and sum(q.numel() for q in others) <= EAGER_SHARE * sum(
+            q.numel() for q in params):
+        # the other weights' gradients now, so that the graph is freed: the weight pass
+        # keeps only the linear layers' inputs and output gradients
+        return _input_and_small_weights(pairs, needed, inputs, list(linears.values()), others,
+                                        weight)
     captured: dict[Any, tuple[torch.Tensor | None, ...]] = {}
     handles = []
     for node in boundaries:
@@ -355,4 +374,23 @@ def backward_input(
             weight.groups.append(_Group(edges, edge_grads, groups[node]))
     for tensor, grad, group_params in whole:
         weight.groups.append(_Group([tensor], [grad], group_params))
+    return [input_grads.get(id(x)) for x in inputs], weight
+
+
+def _input_and_small_weights(
+    pairs: list[tuple[torch.Tensor, None]], needed: list[torch.Tensor],
+    inputs: list[torch.Tensor], linear_list: list[_Linear], others: list[torch.Tensor],
+    weight: WeightGradient,
+) -> tuple[list[torch.Tensor | None], WeightGradient]:
+    """One pass for the inputs' gradients, the fused linear layers' output gradients and
+    the other (few) weights' gradients, the graph freed after it; the weight pass is the
+    linear layers' alone."""
+    targets: list[Any] = [*needed, *(GradientEdge(lin.node, 0) for lin in linear_list), *others]
+    grads = torch.autograd.grad([t for t, _ in pairs], targets,
+                                grad_outputs=[g for _, g in pairs], allow_unused=True)
+    input_grads = {id(x): g for x, g in zip(needed, grads)}
+    for linear, grad in zip(linear_list, grads[len(needed):len(needed) + len(linear_list)]):
+        linear.grad = grad
+    _accumulate(others, grads[len(needed) + len(linear_list):])
+    weight.linears = [lin for lin in linear_list if lin.grad is not None]
     return [input_grads.get(id(x)) for x in inputs], weight

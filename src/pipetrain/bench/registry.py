@@ -23,6 +23,7 @@ __all__ = ["CASES", "Entry", "available", "case_names", "check_names", "import_f
 CASES: dict[str, str] = {
     "vs_torch_pipelining": "pipetrain.bench.cases.vs_torch_pipelining",
     "schedules": "pipetrain.bench.cases.schedules",
+    "activation_memory": "pipetrain.bench.cases.activation_memory",
     "gpipe_vs_torchgpipe": "pipetrain.bench.cases.gpipe_vs_torchgpipe",
     "torchgpipe_paper": "pipetrain.bench.cases.torchgpipe_paper",
     "transport": "pipetrain.bench.cases.transport",
