@@ -27,7 +27,7 @@ from pipetrain.bench.harness import Sample, dump_json
 from pipetrain.schedule import build_schedule, simulate
 
 EVERY = {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v",
-         "dualpipe-v", "pipedream", "2bw"}
+         "v-half", "v-min", "dualpipe-v", "pipedream", "2bw"}
 
 
 @pytest.mark.parametrize("name", ["_schedules_sim", "_schedules_runs", "_schedules_table",

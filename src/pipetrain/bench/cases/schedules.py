@@ -1,8 +1,8 @@
 """Case ``schedules``: every schedule pipetrain has, head to head: bubble, throughput, activation memory.
 
 The schedules (:data:`pipetrain.schedule.TRAINING_SCHEDULES`): ``gpipe``, ``1f1b``,
-``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zb-h2``, ``zb-v``, ``dualpipe-v``
-(2 stages per rank for the interleaved, looped and V schedules) and the asynchronous
+``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zb-h2``, ``zb-v``, ``v-half``,
+``v-min``, ``dualpipe-v`` (2 stages per rank for the interleaved, looped and V schedules) and the asynchronous
 ``pipedream`` and ``2bw`` (a step in their steady state), on two models: a memory-bound
 MLP (16 x [Linear(1024, 1024) + GELU], SGD) and a compute-bound GPT (embedding, 14
 blocks of width 128, head; AdamW), 16 layers each so that K = 8 ranks can hold 2 stages
