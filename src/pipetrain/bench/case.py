@@ -148,7 +148,7 @@ class Table:
             <BLANKLINE>
             Goals: b 2.50 (goal >= 3.00): MISSED.
         """
-        lines = ["| " + " | ".join(self.columns) + " |",
+        lines = ["| " + " | ".join(_cell(c) for c in self.columns) + " |",
                  "|" + "---|" * len(self.columns)]
         lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in self.rows]
         goals = self.goals and "Goals: " + "; ".join(g.text() for g in self.goals) + "."
@@ -162,9 +162,10 @@ class Table:
 
 
 def _cell(value: Any) -> str:
+    """A table cell as Markdown: a float to 4 digits, a ``|`` escaped (it would end the cell)."""
     if isinstance(value, float):
         return f"{value:.4g}"
-    return "" if value is None else str(value)
+    return "" if value is None else str(value).replace("|", "\\|")
 
 
 @dataclass(kw_only=True)

@@ -174,7 +174,7 @@ def _table(raw: dict[int, dict[str, Any]]) -> Table:
               "simulator's peak, per schedule and recomputation mode (GPT)",
         columns=["P", "schedule", "checkpoint", "measured per rank MiB",
                  "busiest rank MiB", "busiest / 1f1b (measured)", "simulated busiest MiB",
-                 "busiest / 1f1b (simulated)", "worst |measured / simulated - 1|"],
+                 "busiest / 1f1b (simulated)", "worst measured / simulated - 1 (absolute)"],
         rows=rows,
         anchor="1f1b with every stage keeping its activations, measured in the same job",
         notes="Measured: each rank's resident-set growth over one step after two (weights, "
