@@ -32,7 +32,7 @@ from pipetrain.plan.topology import Topology
 def test_the_declared_quick_durations_fit_the_five_minute_budget() -> None:
     cases = [registry.load_case(name) for name in registry.case_names()]
     assert sum(c.quick_seconds for c in cases) < 300
-    assert sum(c.full_seconds for c in cases) < 40 * 60
+    assert sum(c.full_seconds for c in cases) < 45 * 60  # 40 before the activation memory case
 
 
 def test_quick_sizes_keep_every_schedule_and_runner() -> None:
