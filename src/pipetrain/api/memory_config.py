@@ -3,45 +3,14 @@ offload budgets, one for every stage or one per model stage."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipetrain.schedule import ASYNC_SCHEDULES
-from pipetrain.schedule.memory import stage_modes
+from pipetrain.schedule.memory import stage_budgets, stage_modes
 
 __all__ = ["memory_problems", "stage_budgets"]
 
-_MIB = 1 << 20
-
-
-def stage_budgets(offload: float | Sequence[float | None] | None,
-                  num_stages: int) -> tuple[int | None, ...]:
-    """Per stage, the bytes of saved activations kept on the device (``None``: no offload):
-    ``offload`` MiB for every stage, or its own entry for each.
-
-    Example:
-        >>> stage_budgets(1, 2), stage_budgets([None, 0], 2), stage_budgets(None, 2)
-        ((1048576, 1048576), (None, 0), (None, None))
-
-    Raises:
-        ValueError: a budget is not a finite number of MiB at least 0, or not one per stage.
-    """
-    if offload is None or isinstance(offload, (int, float)):
-        budgets: tuple[Any, ...] = (offload,) * num_stages
-    else:
-        budgets = tuple(offload)
-    for j, budget in enumerate(budgets):
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                                   or not math.isfinite(budget) or budget < 0):
-            raise ValueError(f"offload {offload!r}: stage {j}'s budget {budget!r} is not a number "
-                             "of MiB >= 0; fix: e.g. offload=0 (every saved activation to host "
-                             "memory) or offload=512")
-    if len(budgets) != num_stages:
-        raise ValueError(f"offload {offload!r}: {len(budgets)} budgets for {num_stages} "
-                         f"stages; fix: one budget for all stages or one per stage (None: "
-                         f"that stage keeps its activations)")
-    return tuple(None if b is None else int(b * _MIB) for b in budgets)
 
 
 def _reason(error: ValueError) -> str:

@@ -38,6 +38,7 @@ from pipetrain.schedule.memory import (
     StageBytes,
     activation_peaks,
     offload_budgets,
+    stage_budgets,
     stage_modes,
 )
 from pipetrain.schedule.steady_state import steady_state, window_time
@@ -266,13 +267,7 @@ def _memory(schedule: Schedule, stage_layers: tuple[int, ...],
     if "selective" in modes:
         raise ValueError("--checkpoint selective: the simulator has no figure for what a "
                          "selective stage keeps; fix: never, except_last or always")
-    budgets = offload_budgets(args.offload)
-    offload = (None if budgets is None else
-               tuple(budgets) if isinstance(budgets, tuple) else (budgets,) * count)
-    if offload is not None and (len(offload) != count or not all(
-            b is None or isinstance(b, float) for b in offload)):
-        raise ValueError(f"--offload {args.offload}: one number of bytes (or none) for all "
-                         f"stages or one per stage ({count})")
+    offload = stage_budgets(offload_budgets(args.offload), count, unit=1)
     stages = [StageBytes(saved=per_layer * n, input=per_input) for n in stage_layers]
     return activation_peaks(schedule, stages, modes=modes, offload=offload)
 

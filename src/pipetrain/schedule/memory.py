@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from pipetrain.schedule.actions import Op
 from pipetrain.schedule.program import Schedule
 
 __all__ = ["STAGE_CHECKPOINT_MODES", "ActivationPeaks", "StageBytes", "activation_peaks",
-           "offload_budgets", "stage_modes"]
+           "offload_budgets", "stage_budgets", "stage_modes"]
 
 STAGE_CHECKPOINT_MODES = ("always", "except_last", "never", "selective")
 """What a pipeline stage may do with its activations: re-materialize all, all but the last,
@@ -98,6 +99,35 @@ def offload_budgets(text: str | None) -> Any:
 
     budgets = tuple(budget(word) for word in text.split(","))
     return budgets[0] if len(budgets) == 1 else budgets
+
+
+def stage_budgets(offload: float | Sequence[float | None] | None,
+                  num_stages: int, *, unit: int = 1 << 20) -> tuple[int | None, ...]:
+    """Per stage, the bytes of saved activations kept on the device (``None``: no offload):
+    ``offload`` units (default MiB) for every stage, or its own entry for each.
+
+    Example:
+        >>> stage_budgets(1, 2), stage_budgets([None, 0], 2), stage_budgets(None, 2)
+        ((1048576, 1048576), (None, 0), (None, None))
+
+    Raises:
+        ValueError: a budget is not a finite number of MiB at least 0, or not one per stage.
+    """
+    if offload is None or isinstance(offload, (int, float)):
+        budgets: tuple[Any, ...] = (offload,) * num_stages
+    else:
+        budgets = tuple(offload)
+    for j, budget in enumerate(budgets):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                   or not math.isfinite(budget) or budget < 0):
+            raise ValueError(f"offload {offload!r}: stage {j}'s budget {budget!r} is not a number "
+                             f"of {'MiB' if unit == 1 << 20 else 'bytes'} >= 0; fix: e.g. offload=0 (every saved activation to host "
+                             "memory) or offload=512")
+    if len(budgets) != num_stages:
+        raise ValueError(f"offload {offload!r}: {len(budgets)} budgets for {num_stages} "
+                         f"stages; fix: one budget for all stages or one per stage (None: "
+                         f"that stage keeps its activations)")
+    return tuple(None if b is None else int(b * unit) for b in budgets)
 
 
 _FIRST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
