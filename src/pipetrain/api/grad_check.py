@@ -18,8 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipetrain.api.tensor_parallel import local_tensor, tensor_parallel_copies
-
 __all__ = [
     "NONFINITE_POLICIES",
     "GradCheck",
@@ -96,6 +94,8 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
     million elements near 2e16); such a step counts as non-finite, as a diverged one
     should.
     """
+    from pipetrain.api.tensor_parallel import local_tensor, tensor_parallel_copies
+
     full = [p.grad for p in params if p.grad is not None]
     if not full:
         return torch.zeros((), dtype=torch.float64, device=device)
@@ -120,6 +120,8 @@ def clip_local_gradients(params: Iterable[nn.Parameter], max_norm: float, total_
         >>> clip_local_gradients([p], 1.0, 5.0); [round(g, 4) for g in p.grad.tolist()]
         [0.6, 0.8]
     """
+    from pipetrain.api.tensor_parallel import local_tensor
+
     coef = torch.clamp(max_norm / (torch.tensor(total_norm) + 1e-6), max=1.0)
     grads = [local_tensor(p.grad) for p in params if p.grad is not None]
     for grad in grads:
