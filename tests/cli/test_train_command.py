@@ -108,31 +108,6 @@ def test_bad_arguments_are_named_before_any_worker_starts(tmp_path: Path) -> Non
     assert not (tmp_path / "bad").exists()
 
 
-_LAUNCHER_PROBE = """
-import sys
-import pipetrain.launch
-
-def probe(*args, **kwargs):
-    heavy = ("torch.distributed.tensor", "sympy", "torch._dynamo", "matplotlib", "transformers")
-    print(",".join(m for m in heavy if m in sys.modules))
-    raise SystemExit(0)
-
-pipetrain.launch.launch_local = probe
-from pipetrain.cli.main import main
-main(["train", "--steps", "1", "--out", sys.argv[1]])
-"""
-
-
-def test_the_launcher_starts_the_workers_without_importing_what_only_they_use(tmp_path: Path) -> None:
-    """Every run waits for the launcher before a worker starts: it imported DTensor (and
-    with it sympy) through the configuration's gradient checks, about a second and a half
-    of start-up that only workers need."""
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER_PROBE, str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "", f"the launcher imported {done.stdout.strip()}"
-
-
 def test_the_same_entry_point_runs_under_torchrun(tmp_path: Path) -> None:
     """``torchrun ... -m pipetrain train`` (the multi-machine launch line, on one machine):
     every worker writes into one run folder, rank 0's, even without --out."""
