@@ -23,6 +23,7 @@ wall time, missed goals and warnings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import time
@@ -34,6 +35,7 @@ from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Draw, Goal, SkipCase
 from pipetrain.bench.drawings import draw_record, merge_plots
+from pipetrain.bench.harness.jobs import forked_jobs
 from pipetrain.bench.harness.noise import load_warning
 from pipetrain.bench.harness.output import dump_json
 from pipetrain.bench.registry import check_names, import_failure, load_case, skip_reason
@@ -159,7 +161,9 @@ def run_case(name: str, *, quick: bool, out: Path, command: str,
     metadata = {**run_metadata(command), "run_id": run_id or new_run_id()}
     context = BenchContext(quick=quick, out=out, progress=lambda line: progress(f"  {name}: {line}"))
     began, cpu = time.perf_counter(), _cpu_seconds()
-    outcome = _outcome(name, context)
+    # a quick run checks that the case works: its jobs' ranks are forked, not spawned
+    with forked_jobs() if quick else contextlib.nullcontext():
+        outcome = _outcome(name, context)
     wall = time.perf_counter() - began
     metadata["machine"]["load_average_after"] = load_average()
     record: dict[str, Any] = {"name": name, "quick": quick, "wall_s": round(wall, 3),

@@ -24,7 +24,7 @@ Import it as ``from pipetrain.bench.harness import ...`` (the one-call GPU check
 
 from __future__ import annotations
 
-from pipetrain.bench.harness.jobs import agree, gather_objects, run_job
+from pipetrain.bench.harness.jobs import agree, forked_jobs, gather_objects, run_job
 from pipetrain.bench.harness.machine import CpuWindow, foreign_load, load_line, machine_info
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
 from pipetrain.bench.harness.noise import (
@@ -45,6 +45,7 @@ __all__ = [
     "dump_json",
     "finite",
     "foreign_load",
+    "forked_jobs",
     "gather_objects",
     "interleave",
     "load_line",

@@ -4,18 +4,40 @@
 with one intra-op thread unless told otherwise; ``malloc_tuned`` raises glibc's trim and
 mmap thresholds in the ranks (freed memory is kept, so large temporaries do not
 page-fault every time; both frameworks of a comparison alike). The environment is set
-for the spawned ranks only: the caller's own stays as it was.
+for the spawned ranks only: the caller's own stays as it was. Within
+:func:`forked_jobs` (``pipetrain bench --quick``) the ranks are forked from a server that
+imported torch once instead: a job starts in a fraction of a second, but settings read
+when a process starts (glibc's malloc thresholds) are the server's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["MALLOC_TUNED", "agree", "gather_objects", "run_job"]
+__all__ = ["MALLOC_TUNED", "agree", "forked_jobs", "gather_objects", "run_job"]
 
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
 """glibc malloc settings that keep freed memory instead of returning it to the system."""
+_START = ["spawn"]
+
+
+@contextlib.contextmanager
+def forked_jobs() -> Iterator[None]:
+    """Within: :func:`run_job` forks its ranks from a fork server (``run_processes``'
+    ``start="forkserver"``): for runs that check that a case works, not for measurements.
+
+    Example::
+
+        with forked_jobs():
+            record = run_case("transport", quick=True, ...)
+    """
+    _START.append("forkserver")
+    try:
+        yield
+    finally:
+        _START.pop()
 
 
 def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: int = 1,
@@ -32,7 +54,7 @@ def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: in
     if malloc_tuned:
         env.update(MALLOC_TUNED)
     with temporary_environment(env):
-        return run_processes(fn, world_size, *args, timeout=timeout)
+        return run_processes(fn, world_size, *args, timeout=timeout, start=_START[-1])
 
 
 def agree(local_ok: bool, message: str) -> list[str]:
