@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.train_runs import one_process_losses, recorded_losses, refused_here, run_train
+from helpers.train_runs import (
+    one_process_losses,
+    recorded_losses,
+    refused_here,
+    run_here,
+    run_train,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -64,9 +70,7 @@ def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
     assert [g["first_step"] for g in resumed["segments"]] == [1, 13]
 
     # a single process samples from the two-stage checkpoint
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    sample = subprocess.run([sys.executable, "-m", "pipetrain", "sample", str(out), "--bytes", "20"],
-                            capture_output=True, text=True, timeout=120, env=env)
+    sample = run_here(["sample", str(out), "--bytes", "20"])
     assert sample.returncode == 0, sample.stderr[-2000:]
     assert sample.stdout.startswith("def ")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.train_runs import refused_here
+from helpers.train_runs import refused_here, run_here
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.distributed
@@ -37,9 +37,7 @@ def test_hf_model_trains_and_the_loss_falls(tmp_path: Path, model: str) -> None:
     assert (out / "sample.txt").exists()
     # Bug: `pipetrain sample` rebuilt pipetrain's GPT for every run and crashed on these
     # ("Missing key in checkpoint state_dict: model.layers.0.token.weight")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
-    sampled = subprocess.run([sys.executable, "-m", "pipetrain", "sample", str(out), "--bytes", "8"],
-                             capture_output=True, text=True, timeout=300, env=env)
+    sampled = run_here(["sample", str(out), "--bytes", "8"])
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout.startswith("def ") and len(sampled.stdout.rstrip("\n")) > 4
     assert "Traceback" not in sampled.stderr

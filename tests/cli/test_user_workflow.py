@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers.train_runs import refused_here
+from helpers.train_runs import refused_here, run_here
 
 pytestmark = pytest.mark.distributed
 
@@ -65,6 +65,11 @@ def _pipetrain(*args: str, cwd: Path, timeout: float = 400) -> subprocess.Comple
                           text=True, timeout=timeout, env=env, cwd=cwd)
 
 
+def _here(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A command that starts no workers, in this process."""
+    return run_here(list(args), cwd=cwd)
+
+
 def _ok(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     return done
@@ -83,12 +88,12 @@ def test_profile_plan_and_train_with_the_plan_record_what_ran(tmp_path: Path) ->
     """Bug: with --plan, config.json, metrics.json, the trace and the picture said
     '1f1b, 2 stages x 1 replicas, 8 micro-batches' whatever the plan ran, and the
     simulated makespan came from those settings."""
-    _ok(_pipetrain("profile", *SHAPE, "--batch-size", "8", "--microbatches", "2",
+    _ok(_here("profile", *SHAPE, "--batch-size", "8", "--microbatches", "2",
                    "--repetitions", "5", "--output", "profile.json", cwd=tmp_path))
     profile = _json(tmp_path / "profile.json")
     assert profile["model"]["summary"].startswith("gpt: 4 layers (Embedding, 2 x Block, Head)")
     assert profile["microbatch_size"] == 4 and all("spread" in layer for layer in profile["layers"])
-    _ok(_pipetrain("plan", "--profile", "profile.json", "--workers", "2", "--bandwidth", "1e9",
+    _ok(_here("plan", "--profile", "profile.json", "--workers", "2", "--bandwidth", "1e9",
                    "--out", "plan.json", cwd=tmp_path))
     plan = _json(tmp_path / "plan.json")
     _ok(_pipetrain("train", *SHAPE, *QUIET, "--batch-size", "8", "--steps", "4", "--plan",
@@ -170,7 +175,7 @@ def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(tmp
     for tag in ("train/lr", "speed/tokens_per_s", "speed/bubble", "memory/peak_bytes/rank_1"):
         assert events.Scalars(tag), tag
     assert (run / "loss.png").stat().st_size > 1000
-    sampled = _ok(_pipetrain("sample", str(run), "--bytes", "8", cwd=tmp_path.parent))
+    sampled = _ok(_here("sample", str(run), "--bytes", "8", cwd=tmp_path.parent))
     assert sampled.stdout.startswith("def ")
 
 
@@ -217,7 +222,7 @@ def test_a_hugging_face_folder_with_its_tokenizer_trains_and_samples(tmp_path: P
     assert model["parameters"] > 0 and "width" not in model
     # the loss starts at the folder's weights on its own tokens: about ln(300), not ln(256)
     assert 5.4 < metrics["steps"][0]["loss"] < 6.2
-    sampled = _ok(_pipetrain("sample", "run", "--bytes", "4", cwd=tmp_path))
+    sampled = _ok(_here("sample", "run", "--bytes", "4", cwd=tmp_path))
     assert sampled.stdout.startswith("def")
 
 

@@ -28,6 +28,14 @@ def refused_here(argv: Sequence[str], *, cwd: Path | None = None) -> subprocess.
     """``pipetrain ARGV`` run through the command's ``main`` in this process (no start-up of
     a new interpreter), for commands that end before any worker starts: a launch fails the
     calling test. Its exit status and output, as :func:`run_train` returns them."""
+    return run_here(argv, cwd=cwd, launch=False)
+
+
+def run_here(argv: Sequence[str], *, cwd: Path | None = None,
+             launch: bool = True) -> subprocess.CompletedProcess[str]:
+    """``pipetrain ARGV`` (a command that starts no workers: ``sample``, ``plan``,
+    ``profile``) through the command's ``main`` in this process, as :func:`run_train`
+    returns it; ``launch=False``: a launch of workers fails the calling test."""
     import contextlib
     import io
 
@@ -38,8 +46,9 @@ def refused_here(argv: Sequence[str], *, cwd: Path | None = None) -> subprocess.
         raise AssertionError(f"pipetrain {' '.join(argv)} started workers: it was not refused")
 
     out, err = io.StringIO(), io.StringIO()
-    before, launch = Path.cwd(), pipetrain.launch.launch_local
-    pipetrain.launch.launch_local = no_launch  # type: ignore[assignment]
+    before, launcher = Path.cwd(), pipetrain.launch.launch_local
+    if not launch:
+        pipetrain.launch.launch_local = no_launch  # type: ignore[assignment]
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -49,7 +58,7 @@ def refused_here(argv: Sequence[str], *, cwd: Path | None = None) -> subprocess.
             except SystemExit as exit_:  # argparse's refusals
                 code = exit_.code if isinstance(exit_.code, int) else 1
     finally:
-        pipetrain.launch.launch_local = launch  # type: ignore[assignment]
+        pipetrain.launch.launch_local = launcher  # type: ignore[assignment]
         os.chdir(before)
     return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
