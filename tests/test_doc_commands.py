@@ -16,8 +16,6 @@ namespaces) and the benchmark scripts (``pipetrain bench`` / ``benchmarks/``).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shlex
@@ -27,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from helpers.train_runs import run_here
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -134,11 +134,8 @@ def _make_shared_files(workspace: Path, document: Document) -> None:
     reads_profile = any("profile.json" in " ".join(c.argv) for c in document.commands) or any(
         "profile.json" in text for text in document.files.values())
     if reads_profile and not (workspace / "profile.json").exists():  # planner.md says how
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        made = subprocess.run([sys.executable, "-m", "pipetrain", "profile", *_SMALL_MODEL,
-                               *_SMALL_RUN, "--microbatches", "2", "--repetitions", "3",
-                               "--output", "profile.json"], cwd=workspace, env=env,
-                              capture_output=True, text=True, timeout=300)
+        made = run_here(["profile", *_SMALL_MODEL, *_SMALL_RUN, "--microbatches", "2",
+                         "--repetitions", "3", "--output", "profile.json"], cwd=workspace)
         assert made.returncode == 0, made.stderr[-2000:]
 
 
@@ -216,26 +213,14 @@ def test_every_command_of_the_document_runs_as_written(document: Document, tmp_p
             assert line in stdout, f"{command.where}: shown {line!r} not in:\n{stdout[-2000:]}"
 
 
-_IN_PROCESS = ("simulate", "plan")
+_IN_PROCESS = ("simulate", "plan", "profile")
 """Commands that start no worker: run through the CLI's ``main`` in this process (a
 second or two of start-up saved each)."""
 
 
 def _run_here(argv: list[str], cwd: Path) -> tuple[int, str, str]:
-    from pipetrain.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    before = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(argv)
-            except SystemExit as exit_:  # argparse's refusals
-                code = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        os.chdir(before)
-    return code, out.getvalue(), err.getvalue()
+    done = run_here(argv, cwd=cwd)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_the_reader_finds_the_commands_files_and_shown_output() -> None:
