@@ -25,10 +25,11 @@ def _train(*args: str, out: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=400, env=env)
 
 
-@pytest.mark.parametrize("model", ["hf-gpt2", "hf-llama"])
-def test_hf_model_trains_and_the_loss_falls(tmp_path: Path, model: str) -> None:
+def test_hf_model_trains_and_the_loss_falls(tmp_path: Path) -> None:
+    """hf-llama (hf-gpt2 is built and profiled by tests/cli/test_profile.py, and GPT-2
+    trains from the command line as a Hugging Face folder in test_user_workflow.py)."""
     out = tmp_path / "run"
-    done = _train("--model", model, "--steps", "10", out=out)
+    done = _train("--model", "hf-llama", "--steps", "10", out=out)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads((out / "metrics.json").read_text())["steps"]
     assert [s["step"] for s in steps] == list(range(1, 11))
