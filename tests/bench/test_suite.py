@@ -306,6 +306,8 @@ def _skipped_for_a_missing_input(name: str, record: dict[str, Any]) -> bool:
 _RUN_BY_THEIR_OWN_TESTS = {
     "torchgpipe_paper": "tests/bench/test_torchgpipe_paper.py",  # measure() on a tiny plan
     "pipedream_claims": "tests/bench/test_pipedream_claims.py",  # the quick case, fake graphs
+    # a real trial under the watchdog, the quick searches' jobs, tables from given searches
+    "gpipe_table1": "tests/bench/test_gpipe_table1.py",
 }
 """Cases whose own tests run them for real: the whole-suite run leaves them out."""
 
