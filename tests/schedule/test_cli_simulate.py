@@ -290,3 +290,19 @@ def test_memory_options_need_the_activation_bytes(capsys: pytest.CaptureFixture[
     assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
                  "--checkpoint", "always"]) == 2
     assert "give --activations too" in capsys.readouterr().err
+
+
+def test_jitter_plays_both_orders(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--schedule", "gpipe", "--stages", "4", "--microbatches", "8"]
+    plain = _json(capsys, *argv)
+    data = _json(capsys, *argv, "--jitter", "delay=0.5,ranks=1:2,seed=3")
+    jitter = data["jitter"]
+    assert isinstance(jitter, dict)
+    assert jitter["spec"] == {"delay": 0.5, "ranks": [1, 2], "link": 0.0, "seed": 3}
+    assert plain["makespan"] < jitter["ready_makespan"] <= jitter["fixed_makespan"]
+    assert plain["makespan"] * 1.5 >= jitter["fixed_makespan"]
+    assert main(["simulate", *argv, "--jitter", "delay=0.5"]) == 0
+    assert "in the fixed order" in capsys.readouterr().out
+    assert main(["simulate", "--schedule", "2bw", "--stages", "2", "--microbatches", "2",
+                 "--jitter", "delay=1"]) == 2
+    assert "synchronous schedules" in capsys.readouterr().err

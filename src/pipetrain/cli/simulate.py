@@ -33,6 +33,7 @@ from pipetrain.schedule import (
 )
 from pipetrain.schedule.async_stream import AsyncStream
 from pipetrain.schedule.costs import LAYER_COSTS, even_layers, model_costs
+from pipetrain.schedule.jitter import Jitter, execute_order
 from pipetrain.schedule.memory import (
     ActivationPeaks,
     StageBytes,
@@ -41,6 +42,7 @@ from pipetrain.schedule.memory import (
     stage_budgets,
     stage_modes,
 )
+from pipetrain.schedule.readiness import ORDERS
 from pipetrain.schedule.steady_state import steady_state, window_time
 
 __all__ = ["add_parser", "run"]
@@ -116,6 +118,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --activations: bytes each stage keeps on its device, the rest offloaded "
              "('none': a stage keeps all)",
     )
+    parser.add_argument(
+        "--jitter", metavar="SPEC",
+        help="also play the schedule with seeded random slow-downs, in its fixed order and "
+             "readiness-driven (a rank runs a later action whose input is in while its next "
+             "one waits): delay (each compute action of the slowed ranks takes up to 1 + delay "
+             "times its cost), ranks (colon-separated; default all), link (extra latency of "
+             "their messages), seed; e.g. --jitter delay=0.4,ranks=1,seed=0",
+    )
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the input stage's weight version")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -179,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(schedule, costs)
         steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
         memory = _memory(schedule, stage_layers, args)
+        jittered = _jittered(schedule, costs, args.jitter) if args.jitter else None
         steps = 4 if args.steps is None else args.steps  # of an asynchronous schedule
     except (OSError, ValueError) as error:
         sys.stderr.write(f"pipetrain simulate: error: {in_flags(str(error))}\n")
@@ -207,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         }
         if steady is not None:
             data.update(steps=steps, vertical_sync=args.vertical_sync, **steady)
+        if jittered is not None:
+            data["jitter"] = jittered
         if memory is not None:
             data.update(activation_bytes_per_rank=list(memory.per_rank),
                         activation_bytes_per_stage=list(memory.per_stage))
@@ -231,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
             f"peak activation bytes per rank: {', '.join(f'{b:.4g}' for b in memory.per_rank)}; "
             f"per stage: {', '.join(f'{b:.4g}' for b in memory.per_stage)} (checkpoint "
             f"{args.checkpoint}" + (f", offload {args.offload}" if args.offload else "") + ")\n")
+    if jittered is not None:
+        sys.stdout.write(
+            f"under jitter {args.jitter}: makespan {jittered['fixed_makespan']:g} in the fixed "
+            f"order, {jittered['ready_makespan']:g} readiness-driven "
+            f"({jittered['fixed_makespan'] / jittered['ready_makespan']:.3f}x)\n")
     if steady is not None:
         sys.stdout.write(
             f"steady state (a long run): one micro-batch every {steady['steady_per_microbatch']:g}; "
@@ -245,6 +263,19 @@ def run(args: argparse.Namespace) -> int:
             "1f1b).\n"
         )
     return 0
+
+
+def _jittered(schedule: Schedule, costs: Costs, spec: str) -> dict[str, Any]:
+    """Makespans of ``schedule`` under the jitter ``spec`` in both execution orders."""
+    if schedule.name in ASYNC_SCHEDULES:
+        raise ValueError(f"--jitter plays synchronous schedules; {schedule.name} streams "
+                         "without flushes (drop --jitter)")
+    jitter = Jitter.parse(spec)
+    stage_costs = costs.per_stage(schedule.num_stages)
+    makespans = {order: max((t.end for t in execute_order(
+        schedule, stage_costs, order=order, jitter=jitter).timeline), default=0.0)
+        for order in ORDERS}
+    return {"spec": dataclasses.asdict(jitter), **{f"{o}_makespan": m for o, m in makespans.items()}}
 
 
 def _memory(schedule: Schedule, stage_layers: tuple[int, ...],
