@@ -16,6 +16,7 @@ from helpers.train_runs import (
     refused_here,
     run_here,
     run_train,
+    run_trains,
 )
 
 pytestmark = pytest.mark.distributed
@@ -86,11 +87,11 @@ def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(t
         ["--schedule", str(schedule_file), "--checkpoint", "always"],
     ]
     runs = []
-    for k, layout in enumerate(layouts):
-        out = tmp_path / f"run{k}"
-        done = _train("--steps", "5", "--eval-every", "0", *layout, out=out)
+    dones = run_trains(SMALL, [(["--steps", "5", "--eval-every", "0", *layout], tmp_path / f"run{k}")
+                               for k, layout in enumerate(layouts)])
+    for k, (layout, done) in enumerate(zip(layouts, dones)):
         assert done.returncode == 0, (layout, done.stderr[-3000:])
-        runs.append(_losses(out))
+        runs.append(_losses(tmp_path / f"run{k}"))
     reference = one_process_losses([*SMALL, "--steps", "5", "--eval-every", "0"])
     for layout, losses in zip(layouts, runs):
         assert len(losses) == 5

@@ -149,7 +149,7 @@ def test_a_network_partition_ends_both_sides_in_time_and_keeps_the_history(
     the store) finds rank 1 silent; host b finds the store silent (its calls would block
     for good). Both end within --timeout + 15 s with an error that names the cause, and
     metrics.json keeps every step that finished, with how the run stopped."""
-    timeout = 20
+    timeout = 10
     out = tmp_path / "run"
     train = [*_TINY, "--steps", "100000", "--timeout", str(timeout), "--out", str(out)]
     sides = {"a": hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env()),

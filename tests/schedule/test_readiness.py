@@ -105,7 +105,7 @@ def test_jitter_is_seeded_per_action_and_checked() -> None:
         Jitter(delay=-1)
     with pytest.raises(ValueError, match="ranks=x"):
         Jitter.parse("ranks=x")
-    with pytest.raises(ValueError, match="order='random'.*fixed, ready"):
+    with pytest.raises(ValueError, match=r"order='random'.*fixed, ready"):
         check_order("random")
     with pytest.raises(ValueError, match="not one that may run next"):
         ReadyOrder(parse_actions("0F0 0F1")).done(b)

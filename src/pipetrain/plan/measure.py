@@ -39,6 +39,7 @@ __all__ = [
     "Pass",
     "Sample",
     "Timings",
+    "cache_flush_buffer",
     "last_level_cache_bytes",
     "median_time",
     "relative_spread",
@@ -351,6 +352,17 @@ def last_level_cache_bytes() -> int:
     return min(max(sizes, default=_FALLBACK_CACHE_BYTES), _MAX_CACHE_BYTES)
 
 
+def cache_flush_buffer() -> torch.Tensor:
+    """A CPU buffer twice the last-level cache: writing it evicts what the caches held.
+    Reuse one for many measurements (a new one is page-faulted in on its first write).
+
+    Example:
+        >>> cache_flush_buffer().numel() == 2 * last_level_cache_bytes()
+        True
+    """
+    return torch.empty(2 * last_level_cache_bytes(), dtype=torch.uint8)
+
+
 def time_optimizer_step(
     params: list[nn.Parameter],
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
@@ -358,10 +370,13 @@ def time_optimizer_step(
     device: torch.device,
     warmup: int,
     repetitions: int,
+    flush: torch.Tensor | None = None,
 ) -> list[Sample]:
     """Time ``warmup + repetitions`` calls of ``step()`` of ``optimizer(params)`` (on the
     gradients the parameters hold, which it updates); keep the last ``repetitions``. The
-    first step creates the optimizer's state, so at least one untimed step runs.
+    first step creates the optimizer's state, so at least one untimed step runs. On the
+    CPU each call follows writes to ``flush`` (default: a new :func:`cache_flush_buffer`),
+    which evict the step's tensors from the caches, as a training step finds them.
 
     Example:
         >>> layer = nn.Linear(4, 4)
@@ -376,8 +391,8 @@ def time_optimizer_step(
         return []
     step = optimizer(trainable).step
     samples: list[Sample] = []
-    flush = (torch.empty(2 * last_level_cache_bytes(), dtype=torch.uint8)
-             if device.type == "cpu" else None)
+    if flush is None and device.type == "cpu":
+        flush = cache_flush_buffer()
     with _gc_paused():
         for round_index in range(max(1, warmup) + repetitions):
             if flush is not None:

@@ -89,6 +89,7 @@ from pipetrain.plan.measure import (
     LossFn,
     Pass,
     Timings,
+    cache_flush_buffer,
     median_time,
     relative_spread,
     time_layer,
@@ -132,6 +133,9 @@ class _Settings:
     loss_fn: LossFn | None
     targets: tuple[Any, Any]
     """The target at the batch size and at the micro-batch size."""
+    flush: torch.Tensor | None = None
+    """The buffer whose writes evict a layer's optimizer state from the CPU's caches
+    (one for every layer: each new one would be page-faulted in again)."""
 
 
 class _Shown(str):
@@ -265,7 +269,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
         optimizer_bytes=optimizer_state_bytes(trainable, settings.optimizer),
         optimizer_step_s=median_time(time_optimizer_step(
             trainable, settings.optimizer, device=settings.device, warmup=settings.warmup,
-            repetitions=settings.repetitions), digits=TIME_DIGITS),
+            repetitions=settings.repetitions, flush=settings.flush), digits=TIME_DIGITS),
         saved_bytes=memory.saved_bytes,
         spread=spread,
         **times,
@@ -366,6 +370,7 @@ def profile_model(
         optimizer=optimizer if callable(optimizer) else OPTIMIZERS[optimizer],
         targets=(on_device(first_rows(target, size)),
                  on_device(first_rows(target, microbatch_size or size))),
+        flush=cache_flush_buffer() if device.type == "cpu" else None,
     )
     _logger.debug("profiling %d layers on %s at batch size %d", len(sources), device, size)
     records: list[LayerProfile] = []
