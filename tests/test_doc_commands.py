@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^\s*```(\w*)")
 _NAMED = re.compile(r"^#\s*([\w.-]+\.(?:py|toml|txt))\b")
-_SMALL_MODEL = ["--layers", "2", "--width", "16", "--heads", "2"]
+_SMALL_MODEL = ["--layers", "2", "--width", "32", "--heads", "4"]
+"""Width and heads of the GPT of tests/api/test_pipeline_compile.py (``pipeline_jobs.GPT``),
+which runs earlier: ``train --compile`` finds its layers' graphs in inductor's cache."""
 _SMALL_RUN = ["--context", "16", "--batch-size", "8", "--steps", "2", "--eval-every", "0",
               "--sample-bytes", "0", "--warmup", "1"]
 
