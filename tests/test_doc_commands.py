@@ -172,11 +172,13 @@ _RUN_ELSEWHERE = {
     "train --model ./my-gpt2 --data corpus.txt --context 128": "tests/cli/test_user_workflow.py",
     "train --config run.toml --steps 4000": "tests/cli/test_user_workflow.py",
     "train --schedule 2bw": "tests/cli/test_train_async.py",
+    "train --schedule pipedream --vertical-sync": "tests/cli/test_train_async.py",
 }
 """Commands another test runs, with each of their flags, and checks more closely (the mesh
 commands start 4 and 8 workers, the Hugging Face folder imports transformers in each:
 most of a minute here; a TOML file's model trained from the file, with a flag that wins
-over it); :func:`test_the_commands_run_elsewhere_are_run_there` holds
+over it; pipedream's vertical sync, whose options the asynchronous test resolves and whose
+math the API's tests check, beside the plain pipedream run the document's test keeps); :func:`test_the_commands_run_elsewhere_are_run_there` holds
 those tests to it."""
 
 

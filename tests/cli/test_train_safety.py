@@ -101,7 +101,7 @@ def test_a_replicated_run_keeps_its_whole_folder_and_a_second_run_is_refused(tmp
     assert not missing, f"metrics.json fields not documented in docs/run-folder.md: {missing}"
 
     before = _files(out)
-    again = _train("--steps", "3", "--out", str(out), timeout=60)
+    again = refused_here(["train", *TINY, "--steps", "3", "--out", str(out)])
     assert again.returncode == 2
     line = _last_line(again.stderr)
     assert "already holds a run" in line and f"--resume {out}" in line
@@ -271,15 +271,23 @@ def test_a_mistake_found_inside_a_worker_is_the_last_line_without_a_traceback(tm
     argv = ["--model", f"{model}:build", "--context", "16", "--batch-size", "4", "--microbatches", "2",
             "--eval-every", "0", "--sample-bytes", "0", "--steps", "2"]
     env = _env()
-    quiet = subprocess.run([sys.executable, "-m", "pipetrain", "train", *argv, "--out", str(tmp_path / "quiet")],
-                           capture_output=True, text=True, timeout=240, env=env)
+    runs = {name: subprocess.Popen([sys.executable, "-m", "pipetrain", *flags, "train", *argv,
+                                    "--out", str(tmp_path / name)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+            for name, flags in (("quiet", []), ("verbose", ["-v"]))}  # at once
+    try:
+        ended = {name: (run.communicate(timeout=240), run.returncode) for name, run in runs.items()}
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    quiet = subprocess.CompletedProcess([], ended["quiet"][1], *ended["quiet"][0])
+    verbose = subprocess.CompletedProcess([], ended["verbose"][1], *ended["verbose"][0])
     assert quiet.returncode == 1, quiet.stderr[-3000:]
     line = _last_line(quiet.stderr)
     assert line == "pipetrain train: error: ValueError: this model needs a context of 64, got 16", line
     assert "Traceback" not in quiet.stderr and "To enable traceback" not in quiet.stderr
-    verbose = subprocess.run([sys.executable, "-m", "pipetrain", "-v", "train", *argv,
-                              "--out", str(tmp_path / "verbose")],
-                             capture_output=True, text=True, timeout=240, env=env)
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
     assert "needs a context of 64" in _last_line(verbose.stderr)
 
