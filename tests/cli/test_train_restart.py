@@ -1,10 +1,12 @@
-"""``--max-restarts N``: a job whose worker is killed restarts from its newest checkpoint
-and finishes with the losses of a run never killed, one history and the restart recorded;
+"""``--max-restarts N`` (pipetrain's launcher, or torchrun's with ``--out``): a job whose
+worker is killed restarts from its newest checkpoint and finishes with the losses of a run
+never killed, one history and the restart recorded;
 what cannot be helped by a restart (no checkpoint, a usage error, a non-finite stop, no
 restarts left) ends the run as before, saying why."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -36,6 +38,16 @@ def test_what_a_restart_cannot_help_ends_the_run_and_says_why(
     out = str(tmp_path)
     assert restarts.restart_record(out, cause="x", exitcode=-9, done=0, limit=2,
                                    failed_at=0.0)[1].startswith("no checkpoint to restart from")
+    # under torchrun, a worker started again (restart 1) resumes --out, or says why not
+    monkeypatch.setenv(restarts.TORCHRUN_ATTEMPT_ENV, "1")
+    monkeypatch.delenv("PIPETRAIN_LAUNCHED", raising=False)
+    args = argparse.Namespace(resume=None, steps=9)
+    with pytest.raises(ValueError, match=r"has no --out: .*fix: give --out DIR"):
+        restarts.torchrun_restart(args, None)
+    with pytest.raises(ValueError, match="cannot resume: no checkpoint to restart from"):
+        restarts.torchrun_restart(args, out)
+    monkeypatch.setenv("PIPETRAIN_LAUNCHED", "1")  # pipetrain's own launcher restarts itself
+    assert restarts.torchrun_restart(args, out) is None
     monkeypatch.setattr("pipetrain.cli.worker_death.intact_checkpoint_step", lambda folder: 8)
     (tmp_path / "steps.jsonl").write_text("".join(
         json.dumps({"step": s, "seconds": 0.5}) + "\n" for s in range(1, 11)))
@@ -56,43 +68,54 @@ def test_what_a_restart_cannot_help_ends_the_run_and_says_why(
 @pytest.mark.distributed
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers in /proc")
 def test_a_killed_worker_restarts_and_the_run_ends_as_if_never_killed(tmp_path: Path) -> None:
+    """pipetrain's launcher (``--max-restarts 2``) and torchrun (its own ``--max-restarts
+    1``, the workers resuming ``--out``), each with rank 1 killed at a random step after the
+    first checkpoint, beside the same run never killed: all three at once (the machine's
+    cores are shared)."""
+    from pipetrain.launch import free_port
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     command = [sys.executable, "-m", "pipetrain", "train", *TINY]
-    launcher = subprocess.Popen([*command, "--max-restarts", "2", "--out", str(tmp_path / "run")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    # the same run never killed, at the same time (the machine's cores are shared)
-    straight = subprocess.Popen([*command, "--out", str(tmp_path / "straight")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    kill_after = random.Random().randint(5, 15)  # a step after the first checkpoint (4)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--max-restarts", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "pipetrain", "train", *TINY]
+    jobs = {"local": [*command, "--max-restarts", "2", "--out", str(tmp_path / "local")],
+            "torchrun": [*torchrun, "--out", str(tmp_path / "torchrun")],
+            "straight": [*command, "--out", str(tmp_path / "straight")]}
+    running = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env) for name, argv in jobs.items()}
+    kill_after = {name: random.Random().randint(5, 15) for name in ("local", "torchrun")}
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            done = len(_steps(tmp_path / "run"))
-            workers = {worker_rank(pid): pid for pid in children(launcher.pid)}
-            if done >= kill_after and 1 in workers:
-                os.kill(workers[1], signal.SIGKILL)
-                break
+        deadline = time.monotonic() + 150
+        while kill_after and time.monotonic() < deadline:
+            for name, after in list(kill_after.items()):
+                done = len(_steps(tmp_path / name))
+                workers = {worker_rank(pid): pid for pid in children(running[name].pid)}
+                if done >= after and 1 in workers:
+                    os.kill(workers[1], signal.SIGKILL)
+                    del kill_after[name]
             time.sleep(0.02)
-        else:
-            pytest.fail(f"no step {kill_after} with a worker of rank 1 in 120 s")
-        _, stderr = launcher.communicate(timeout=240)
-        _, straight_stderr = straight.communicate(timeout=240)
+        assert not kill_after, f"no step {kill_after} with a worker of rank 1 in 150 s"
+        ended = {name: job.communicate(timeout=240)[1] for name, job in running.items()}
     finally:
-        for process in (launcher, straight):
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    assert launcher.returncode == 0, stderr[-3000:]
-    assert "pipetrain train: restart 1 of 2: worker rank 1 (stage 1) was killed by SIGKILL" in stderr
-    assert straight.returncode == 0, straight_stderr[-3000:]
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        for job in running.values():
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+    for name, job in running.items():
+        assert job.returncode == 0, (name, ended[name][-3000:])
+    assert ("pipetrain train: restart 1 of 2: worker rank 1 (stage 1) was killed by SIGKILL"
+            in ended["local"])
     expected = json.loads((tmp_path / "straight" / "metrics.json").read_text())
-    assert [s["step"] for s in metrics["steps"]] == list(range(1, 41))  # one history
-    assert [s["loss"] for s in metrics["steps"]] == [s["loss"] for s in expected["steps"]]
-    (restart,) = metrics["restarts"]
-    assert restart["number"] == 1 and "killed by SIGKILL" in restart["cause"]
-    assert restart["resumed_from_step"] % 4 == 0
-    assert restart["resumed_from_step"] <= restart["after_step"] >= kill_after - 1
-    assert restart["steps_lost"] == restart["after_step"] - restart["resumed_from_step"]
-    assert 0 < restart["seconds_to_next_step"] < 120
-    assert [g["first_step"] for g in metrics["segments"]] == [1, restart["resumed_from_step"] + 1]
+    for name, cause in (("local", "killed by SIGKILL"), ("torchrun", "torchrun restarted")):
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert [s["step"] for s in metrics["steps"]] == list(range(1, 41))  # one history
+        assert [s["loss"] for s in metrics["steps"]] == [s["loss"] for s in expected["steps"]]
+        (restart,) = metrics["restarts"]
+        assert restart["number"] == 1 and cause in restart["cause"], restart
+        assert restart["resumed_from_step"] % 4 == 0
+        assert restart["resumed_from_step"] <= restart["after_step"]
+        assert restart["steps_lost"] == restart["after_step"] - restart["resumed_from_step"]
+        assert 0 < restart["seconds_to_next_step"] < 120
+        assert [g["first_step"] for g in metrics["segments"]] == [
+            1, restart["resumed_from_step"] + 1]

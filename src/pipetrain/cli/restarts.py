@@ -10,20 +10,29 @@ up to the checkpoint (the later ones are trained and recorded anew). Each restar
 recorded in ``metrics.json`` under ``restarts``: what failed, when, after which step, the
 step it restarted from, the steps and the seconds of training lost, and the seconds from
 the failure to the restarted job's first step (``seconds_to_next_step``).
-Only ``pipetrain train``'s own launcher restarts; under torchrun the option is refused.
+Under torchrun, torchrun restarts (its own ``--max-restarts N``; pipetrain's option is
+refused there): a worker started again (``TORCHELASTIC_RESTART_COUNT`` above 0) resumes the
+run folder given by ``--out`` from its newest intact checkpoint, and the restart is recorded
+the same way, its cause unknown to the workers and its ``failed_at`` the time of the last
+step recorded before the failure (:func:`torchrun_restart`).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
+import time
 from typing import Any
 
-__all__ = ["RESTARTS_ENV", "restart_record", "restarted_argv", "restarts_seen"]
+__all__ = ["RESTARTS_ENV", "TORCHRUN_ATTEMPT_ENV", "restart_record", "restarted_argv",
+           "restarts_seen", "torchrun_restart"]
 
 RESTARTS_ENV = "PIPETRAIN_RESTARTS"
 """The restarts of this job so far (JSON), for the workers' records."""
+TORCHRUN_ATTEMPT_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""How many times torchrun has restarted this job's workers (torch.distributed.elastic's)."""
 
 
 def _recorded(out: str) -> dict[str, Any]:
@@ -122,3 +131,40 @@ def restarts_seen(earlier: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         current = []
     known = {entry.get("failed_at") for entry in found}
     return found + [entry for entry in current if entry.get("failed_at") not in known]
+
+
+def torchrun_restart(args: argparse.Namespace, out: str | None) -> argparse.Namespace | None:
+    """Under torchrun, in a worker that torchrun started again after a failure: ``args``
+    resuming the run folder ``out`` (the restart recorded for the run's records through
+    :data:`RESTARTS_ENV`); ``None`` in a first attempt or under pipetrain's own launcher.
+
+    Raises:
+        ValueError: the run cannot resume (no ``--out``, no intact checkpoint, a run that
+            stopped on purpose), with the reason and the fix.
+
+    Example:
+        >>> torchrun_restart(argparse.Namespace(resume=None), "runs/x") is None  # attempt 0
+        True
+    """
+    from pipetrain.launch.local import LAUNCHED_ENV
+
+    try:
+        attempt = int(os.environ.get(TORCHRUN_ATTEMPT_ENV, "0") or 0)
+    except ValueError:
+        attempt = 0
+    if attempt == 0 or os.environ.get(LAUNCHED_ENV) == "1":
+        return None
+    if out is None:
+        raise ValueError(f"torchrun restarted the workers (restart {attempt}), but the run has no "
+                         "--out: a restarted job resumes its run folder; fix: give --out DIR")
+    steps = os.path.join(out, "steps.jsonl")
+    last_step_at = os.path.getmtime(steps) if os.path.exists(steps) else time.time()
+    record, why = restart_record(
+        out, cause=f"torchrun restarted the workers (restart {attempt}) after one failed",
+        exitcode=1, done=attempt - 1, limit=attempt, failed_at=last_step_at)
+    if record is None:
+        raise ValueError(f"torchrun restarted the workers (restart {attempt}), but the run in "
+                         f"{out!r} cannot resume: {why}")
+    os.environ[RESTARTS_ENV] = json.dumps([record])
+    given = set(getattr(args, "given", ())) | {"resume"}  # as if typed: --resume OUT
+    return argparse.Namespace(**{**vars(args), "resume": out, "given": given})

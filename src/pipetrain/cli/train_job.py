@@ -27,6 +27,7 @@ from pipetrain.api.mesh import mesh_record
 from pipetrain.api.pipeline import Pipeline
 from pipetrain.cli.auto_balance import agree_on_balance
 from pipetrain.cli.model_record import layout_record, model_record
+from pipetrain.cli.restarts import torchrun_restart
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_folder import write_json
 from pipetrain.cli.run_model import (
@@ -90,7 +91,15 @@ def train_worker(args: argparse.Namespace) -> int:
     verbose = bool(getattr(args, "verbose", False))
     try:
         typed = os.environ.get(COMMAND_LINE_ENV)  # as the user typed it, from the launcher
-        config, resume, problems = prepare(args, command_line=None if typed is None else json.loads(typed))
+        command_line = None if typed is None else json.loads(typed)
+        config, resume, problems = prepare(args, command_line=command_line)
+        if not problems:
+            try:  # torchrun started this worker again: resume the run folder
+                restarted = torchrun_restart(args, config.out)
+            except ValueError as error:
+                raise UsageError([str(error)]) from None
+            if restarted is not None:
+                config, resume, problems = prepare(restarted, command_line=command_line)
         if problems:
             raise UsageError(problems)
         return _join_and_train(config, resume, stop, verbose=verbose)

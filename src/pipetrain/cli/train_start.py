@@ -54,9 +54,10 @@ def agree_on_folder(args: RunConfig, resume: Resume | None) -> RunLock | None:
         out = args.out or os.path.join("runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
         problem = new_run_problem(out, resume=args.resume)
         if args.max_restarts and os.environ.get(LAUNCHED_ENV) != "1":
-            problem = (f"--max-restarts {args.max_restarts}: only pipetrain train's own launcher "
-                       "restarts its workers; under torchrun it is not available yet; fix: "
-                       "leave out --max-restarts")
+            problem = (f"--max-restarts {args.max_restarts}: under torchrun, torchrun restarts "
+                       "the workers; fix: leave out --max-restarts and give torchrun "
+                       f"--max-restarts {args.max_restarts}, with --out DIR: a restarted "
+                       "worker resumes DIR's newest checkpoint")
         if problem is None and os.environ.get(LAUNCHED_ENV) != "1":  # under torchrun
             lock = RunLock(out)
             try:
