@@ -1,10 +1,14 @@
-"""``--log``: the step scalars to Weights & Biases and MLflow through one interface (fake
-packages here: neither is installed), offline, continued on resume, never stopping a run."""
+"""``--log``: the step scalars to Weights & Biases and MLflow through one interface, offline,
+continued on resume, never stopping a run: the real packages (the dev extra installs them),
+read back from their own files, and stand-ins for what the real ones cannot be made to do
+(fail, be missing)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
+import struct
 import sys
 import types
 from pathlib import Path
@@ -149,3 +153,68 @@ def test_a_tracker_that_cannot_start_is_named_and_the_run_goes_on(
     _train(records, range(1, 3))
     records.close()
     assert (tmp_path / "steps.jsonl").read_text().count("\n") == 2
+
+
+def _wandb_history(folder: Path) -> tuple[str, list[tuple[int, float]]]:
+    """The run id and ``(step, train/loss)`` of the offline W&B run files in ``folder``
+    (the ``.wandb`` file: records in 32 KiB blocks, each chunk a 7-byte header of CRC,
+    length and kind: full, first, middle, last)."""
+    import wandb.proto.wandb_internal_pb2 as pb
+
+    (path,) = glob.glob(str(folder / "run-*.wandb"))
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B"
+    chunks, pending, position = [], b"", 7
+    while position + 7 <= len(data):
+        left = 32768 - position % 32768
+        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        if left < 7 or (length, kind) == (0, 0):  # the rest of a block is padding
+            position += left
+            continue
+        chunk, position = data[position + 7:position + 7 + length], position + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            chunks.append(pending)
+    run_id, history = "", []
+    for raw in chunks:
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "run":
+            run_id = record.run.run_id
+        elif record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                     for i in record.history.item}
+            history.append((items["_step"], items["train/loss"]))
+    return run_id, history
+
+
+def test_the_real_packages_hold_the_losses_tensorboard_holds_and_a_resume_continues_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for name in ("WANDB_MODE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    records = RunRecords(str(tmp_path), {"lr": 1e-3}, world_size=2, first_step=1,
+                         log="tensorboard,wandb,mlflow")
+    _train(records, range(1, 4))
+    records.close()
+    again = RunRecords(str(tmp_path), {"lr": 1e-3}, world_size=2, first_step=4,
+                       history=str(tmp_path), log="tensorboard,wandb,mlflow")
+    _train(again, range(4, 6))
+    again.close()
+    ids = json.loads((tmp_path / "trackers.json").read_text())
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    expected = [(e.step, pytest.approx(e.value)) for e in events.Scalars("train/loss")]
+    assert [step for step, _ in expected] == [1, 2, 3, 4, 5]
+    mlflow = MlflowClient(tracking_uri=f"file:{tmp_path}/mlruns")
+    assert [(m.step, m.value) for m in sorted(mlflow.get_metric_history(
+        ids["mlflow"], "train.loss"), key=lambda m: m.step)] == expected  # one run, continued
+    assert mlflow.get_run(ids["mlflow"]).data.params == {"lr": "0.001"}
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2  # offline, a folder per session of the one run id
+    first, second = (_wandb_history(run) for run in runs)
+    assert first[0] == second[0] == ids["wandb"]
+    assert first[1] + second[1] == expected
