@@ -5,10 +5,8 @@ read back from their own files, and stand-ins for what the real ones cannot be m
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
-import struct
 import sys
 import types
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from helpers.trackers import wandb_history
 from pipetrain.cli.main import build_parser
 from pipetrain.cli.train_records import RunRecords
 from pipetrain.schedule import build_schedule, simulate
@@ -155,39 +154,6 @@ def test_a_tracker_that_cannot_start_is_named_and_the_run_goes_on(
     assert (tmp_path / "steps.jsonl").read_text().count("\n") == 2
 
 
-def _wandb_history(folder: Path) -> tuple[str, list[tuple[int, float]]]:
-    """The run id and ``(step, train/loss)`` of the offline W&B run files in ``folder``
-    (the ``.wandb`` file: records in 32 KiB blocks, each chunk a 7-byte header of CRC,
-    length and kind: full, first, middle, last)."""
-    import wandb.proto.wandb_internal_pb2 as pb
-
-    (path,) = glob.glob(str(folder / "run-*.wandb"))
-    data = Path(path).read_bytes()
-    assert data[:4] == b":W&B"
-    chunks, pending, position = [], b"", 7
-    while position + 7 <= len(data):
-        left = 32768 - position % 32768
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
-        if left < 7 or (length, kind) == (0, 0):  # the rest of a block is padding
-            position += left
-            continue
-        chunk, position = data[position + 7:position + 7 + length], position + 7 + length
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            chunks.append(pending)
-    run_id, history = "", []
-    for raw in chunks:
-        record = pb.Record()
-        record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "run":
-            run_id = record.run.run_id
-        elif record.WhichOneof("record_type") == "history":
-            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                     for i in record.history.item}
-            history.append((items["_step"], items["train/loss"]))
-    return run_id, history
-
-
 def test_the_real_packages_hold_the_losses_tensorboard_holds_and_a_resume_continues_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
@@ -215,6 +181,6 @@ def test_the_real_packages_hold_the_losses_tensorboard_holds_and_a_resume_contin
     assert mlflow.get_run(ids["mlflow"]).data.params == {"lr": "0.001"}
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2  # offline, a folder per session of the one run id
-    first, second = (_wandb_history(run) for run in runs)
+    first, second = (wandb_history(run) for run in runs)
     assert first[0] == second[0] == ids["wandb"]
     assert first[1] + second[1] == expected

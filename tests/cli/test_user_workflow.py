@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from helpers.trackers import wandb_history
 from helpers.train_runs import refused_here, run_here
 
 pytestmark = pytest.mark.distributed
@@ -134,7 +135,8 @@ def test_a_plan_with_stages_of_different_replicas_is_recorded_as_it_ran(tmp_path
     assert trace["layout"] == "gpipe, 2 stages (replicas 2, 1), 2 micro-batches"
 
 
-def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(tmp_path: Path) -> None:
+def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_model.py").write_text(MODEL_FILE)
     (tmp_path / "run.toml").write_text(
         '# the run, as a user keeps it\n'
@@ -142,7 +144,7 @@ def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(tmp
         'context = 16\n'
         '[pipeline]\nstages = 2\nmicrobatches = 2\nschedule = "gpipe"\n'
         '[training]\nsteps = 8\nbatch-size = 8\nwarmup = 2\neval-every = 4\n'
-        '[output]\nsample_bytes = 0\nout = "run"\n')
+        '[output]\nsample_bytes = 0\nout = "run"\nlog = "tensorboard,wandb,mlflow"\n')
     _ok(_pipetrain("train", "--config", "run.toml", "--steps", "6", cwd=tmp_path))
     run = tmp_path / "run"
     config, metrics, _ = _records(run)
@@ -172,6 +174,17 @@ def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(tmp
     assert [step for step, _ in losses] == list(range(1, 7))
     assert [round(v, 5) for _, v in losses] == [round(s["loss"], 5) for s in metrics["steps"]]
     assert [e.step for e in events.Scalars("train/val_loss")] == [4]
+    # W&B (offline) and MLflow (its file store) hold the same losses, read from their files
+    from mlflow.tracking import MlflowClient
+
+    ids = json.loads((run / "trackers.json").read_text())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as the run itself does
+    expected = [(step, pytest.approx(value)) for step, value in losses]
+    mlflow = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
+    assert sorted((m.step, m.value) for m in mlflow.get_metric_history(
+        ids["mlflow"], "train.loss")) == expected
+    (wandb_run,) = (run / "wandb").glob("offline-run-*")
+    assert wandb_history(wandb_run) == (ids["wandb"], expected)
     for tag in ("train/lr", "speed/tokens_per_s", "speed/bubble", "memory/peak_bytes/rank_1"):
         assert events.Scalars(tag), tag
     assert (run / "loss.png").stat().st_size > 1000
