@@ -314,3 +314,26 @@ def test_examples(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.attempted > 0 and result.failed == 0
 
+
+
+def test_the_caches_are_flushed_only_before_steps_larger_than_a_cores_cache(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flushing writes twice the last-level cache (tens of ms); a step whose parameters,
+    gradients and state fit in a core's cache is timed without it."""
+    from pipetrain.plan.measure import time_optimizer_step
+
+    fills: list[int] = []
+
+    class Buffer:
+        def fill_(self, value: int) -> None:
+            fills.append(value)
+
+    monkeypatch.setattr(pipetrain.plan.measure, "core_cache_bytes", lambda: 1 << 20)
+    for width, expected in ((8, []), (512, [1, 2])):  # 4 x 0.5 MiB with AdamW's two states
+        layer = nn.Linear(256, width)
+        layer(torch.ones(2, 256)).sum().backward()
+        fills.clear()
+        samples = time_optimizer_step(list(layer.parameters()), torch.optim.AdamW,
+                                      device=torch.device("cpu"), warmup=1, repetitions=2,
+                                      flush=Buffer())  # type: ignore[arg-type]
+        assert len(samples) == 2 and fills == expected, width

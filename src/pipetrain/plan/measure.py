@@ -40,6 +40,7 @@ __all__ = [
     "Sample",
     "Timings",
     "cache_flush_buffer",
+    "core_cache_bytes",
     "last_level_cache_bytes",
     "median_time",
     "relative_spread",
@@ -333,6 +334,19 @@ def time_in_order(
 
 _FALLBACK_CACHE_BYTES = 32 << 20
 _MAX_CACHE_BYTES = 512 << 20
+_FALLBACK_CORE_BYTES = 1 << 20
+
+
+def _cache_sizes() -> dict[int, int]:
+    """The largest cache of each level of CPU 0, from Linux's sysfs (empty if unreadable)."""
+    sizes: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        with contextlib.suppress(OSError, ValueError):
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            level = int((index / "level").read_text())
+            sizes[level] = max(sizes.get(level, 0), int(text.rstrip("KMG")) * scale)
+    return sizes
 
 
 def last_level_cache_bytes() -> int:
@@ -343,13 +357,18 @@ def last_level_cache_bytes() -> int:
         >>> last_level_cache_bytes() >= 1 << 20
         True
     """
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        with contextlib.suppress(OSError, ValueError):
-            text = (index / "size").read_text().strip().upper()
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * scale)
-    return min(max(sizes, default=_FALLBACK_CACHE_BYTES), _MAX_CACHE_BYTES)
+    return min(max(_cache_sizes().values(), default=_FALLBACK_CACHE_BYTES), _MAX_CACHE_BYTES)
+
+
+def core_cache_bytes() -> int:
+    """A core's own cache (its level-2 cache; 1 MiB where it cannot be read): an
+    optimizer step whose tensors fit in it is timed without flushing the caches first.
+
+    Example:
+        >>> core_cache_bytes() >= 64 << 10
+        True
+    """
+    return _cache_sizes().get(2, _FALLBACK_CORE_BYTES)
 
 
 def cache_flush_buffer() -> torch.Tensor:
@@ -376,7 +395,11 @@ def time_optimizer_step(
     gradients the parameters hold, which it updates); keep the last ``repetitions``. The
     first step creates the optimizer's state, so at least one untimed step runs. On the
     CPU each call follows writes to ``flush`` (default: a new :func:`cache_flush_buffer`),
-    which evict the step's tensors from the caches, as a training step finds them.
+    which evict the step's tensors from the caches, as a training step finds them; unless
+    those tensors (parameters, gradients, optimizer state) fit in a core's own cache
+    (:func:`core_cache_bytes`), where a cold step costs at most the microseconds of reading
+    them once, and the flush (twice the last-level cache, tens of milliseconds) would cost
+    far more than the step it prepares.
 
     Example:
         >>> layer = nn.Linear(4, 4)
@@ -389,14 +412,24 @@ def time_optimizer_step(
     trainable = [p for p in params if p.requires_grad and p.grad is not None]
     if not trainable:
         return []
-    step = optimizer(trainable).step
+    built = optimizer(trainable)
     samples: list[Sample] = []
-    if flush is None and device.type == "cpu":
-        flush = cache_flush_buffer()
     with _gc_paused():
         for round_index in range(max(1, warmup) + repetitions):
-            if flush is not None:
+            if round_index == 1 and device.type == "cpu":  # the state exists from step 1 on
+                if _step_bytes(trainable, built) <= core_cache_bytes():
+                    flush = None
+                elif flush is None:
+                    flush = cache_flush_buffer()
+            if round_index and flush is not None:
                 flush.fill_(round_index % 251)  # evict the step's tensors from the cache
             with _timed(samples, round_index >= max(1, warmup), device):
-                step()
+                built.step()
     return samples
+
+
+def _step_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes an optimizer step reads: the parameters, their gradients and their state."""
+    tensors = [t for p in params for t in (p, p.grad, *optimizer.state.get(p, {}).values())
+               if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
