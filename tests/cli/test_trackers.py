@@ -53,6 +53,17 @@ def _fake_mlflow(calls: list[Any]) -> types.ModuleType:
     return module
 
 
+def _unset_tracker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start without the trackers' variables, and drop at the end those a tracker sets for
+    its process and its children (MLflow's ``set_tracking_uri`` exports
+    ``MLFLOW_TRACKING_URI``, ``wandb.init`` its service's ``WANDB_SERVICE``: left set, a
+    later test's runs went to this test's store and service)."""
+    for name in ("WANDB_MODE", "WANDB_SERVICE", "MLFLOW_TRACKING_URI",
+                 "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.setenv(name, "")  # recorded: the end of the test removes it again
+        monkeypatch.delenv(name)
+
+
 def _train(records: RunRecords, steps: range) -> None:
     for step in steps:
         record = {"step": step, "loss": 5.0 - step / 10, "seconds": 0.01, "tokens_per_s": 100.0,
@@ -67,8 +78,7 @@ def test_wandb_and_mlflow_get_every_steps_scalars_offline_and_a_resume_continues
     mlflow_calls: list[Any] = []
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(wandb_calls))
     monkeypatch.setitem(sys.modules, "mlflow", _fake_mlflow(mlflow_calls))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _unset_tracker_environment(monkeypatch)
     records = RunRecords(str(tmp_path), {"lr": 1e-3}, world_size=2, first_step=1,
                          log="tensorboard,wandb,mlflow")
     _train(records, range(1, 4))
@@ -144,7 +154,7 @@ def test_a_tracker_that_cannot_start_is_named_and_the_run_goes_on(
 
     refusing.start_run = start_run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mlflow", refusing)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _unset_tracker_environment(monkeypatch)
     records = RunRecords(str(tmp_path), {}, world_size=2, first_step=1, log="mlflow")
     (tracker,) = records.trackers
     assert tracker.missing == ("--log mlflow could not start (RuntimeError: The filesystem "
@@ -159,8 +169,7 @@ def test_the_real_packages_hold_the_losses_tensorboard_holds_and_a_resume_contin
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    for name in ("WANDB_MODE", "MLFLOW_TRACKING_URI"):
-        monkeypatch.delenv(name, raising=False)
+    _unset_tracker_environment(monkeypatch)
     monkeypatch.setenv("WANDB_SILENT", "true")
     records = RunRecords(str(tmp_path), {"lr": 1e-3}, world_size=2, first_step=1,
                          log="tensorboard,wandb,mlflow")

@@ -137,6 +137,8 @@ def test_a_plan_with_stages_of_different_replicas_is_recorded_as_it_ran(tmp_path
 
 def test_a_model_file_of_ones_own_with_a_toml_config_trains_logs_and_samples(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WANDB_MODE", "WANDB_SERVICE", "MLFLOW_TRACKING_URI"):  # the run's own
+        monkeypatch.delenv(name, raising=False)
     (tmp_path / "my_model.py").write_text(MODEL_FILE)
     (tmp_path / "run.toml").write_text(
         '# the run, as a user keeps it\n'
