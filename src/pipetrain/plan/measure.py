@@ -19,6 +19,7 @@ run as in a plain forward).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import statistics
 import time
@@ -337,6 +338,7 @@ _MAX_CACHE_BYTES = 512 << 20
 _FALLBACK_CORE_BYTES = 1 << 20
 
 
+@functools.cache
 def _cache_sizes() -> dict[int, int]:
     """The largest cache of each level of CPU 0, from Linux's sysfs (empty if unreadable)."""
     sizes: dict[int, int] = {}

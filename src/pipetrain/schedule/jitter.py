@@ -142,10 +142,11 @@ def execute_order(schedule: Schedule, costs: StageCosts, *, order: str = "ready"
 
     waiting_since: dict[int, float] = {}  # when a rank's head began to wait
 
+    per_op = {Op.FORWARD: costs.forward, Op.BACKWARD: costs.backward,
+              Op.BACKWARD_INPUT: costs.backward_input, Op.BACKWARD_WEIGHT: costs.backward_weight}
+
     def cost_of(action: Action) -> float:
-        table = {Op.FORWARD: costs.forward, Op.BACKWARD: costs.backward,
-                 Op.BACKWARD_INPUT: costs.backward_input,
-                 Op.BACKWARD_WEIGHT: costs.backward_weight}.get(action.op)
+        table = per_op.get(action.op)
         return table[action.stage] if table else 0.0
 
     while events:
