@@ -165,32 +165,32 @@ def _probe() -> str | None:
     from torch.autograd.graph import get_gradient_edge
 
     with torch.enable_grad(), torch.autocast("cpu", enabled=False):
-        # no draws from torch's generator: the probe must not change a run's random stream
-        lin = torch.nn.Linear(2, 3, device="meta").to_empty(device="cpu")
-        with torch.no_grad():
-            lin.weight.copy_(torch.arange(6.0).reshape(3, 2))
-            lin.bias.fill_(0.5)
+        # no draws from torch's generator: the probe must not change a run's random stream;
+        # no meta device either: its first CPU tensor imports torch's Python meta kernels
+        # (about 33 MiB resident, for the whole process)
+        weight = torch.nn.Parameter(torch.arange(6.0).reshape(3, 2))
+        bias = torch.nn.Parameter(torch.full((3,), 0.5))
         x = torch.arange(8.0).reshape(4, 2).requires_grad_()
-        gemm = _read_gemm(lin(x).grad_fn)
+        gemm = _read_gemm(torch.nn.functional.linear(x, weight, bias).grad_fn)
         if gemm is None or gemm.x is None or not torch.equal(gemm.x, x):
             return f"a linear layer's node is not read as {_ADDMM} of its saved input"
-        if gemm.bias is not get_gradient_edge(lin.bias).node:
+        if gemm.bias is not get_gradient_edge(bias).node:
             return f"{_ADDMM}'s first edge does not lead to the bias"
-        if transposed_input(gemm.weight) is not get_gradient_edge(lin.weight).node:
+        if transposed_input(gemm.weight) is not get_gradient_edge(weight).node:
             return f"{_ADDMM}'s last edge does not lead through {_TRANSPOSE} to the weight"
-        mm = _read_gemm(torch.mm(x, lin.weight.t()).grad_fn)
+        mm = _read_gemm(torch.mm(x, weight.t()).grad_fn)
         if mm is None or mm.x is None or not torch.equal(mm.x, x):
             return f"torch.mm's node is not read as {_MM} of its saved input"
-        if _read_hooks(lin.weight):
+        if _read_hooks(weight):
             return "a parameter without hooks reads as having some"
-        handle = lin.weight.register_hook(lambda grad: None)  # type: ignore[no-untyped-call]
-        seen = _read_hooks(lin.weight)
+        handle = weight.register_hook(lambda grad: None)  # type: ignore[no-untyped-call]
+        seen = _read_hooks(weight)
         handle.remove()
-        if not seen or _read_hooks(lin.weight):
+        if not seen or _read_hooks(weight):
             return "a hook of Tensor.register_hook is not seen (or seen once removed)"
-        handle = lin.bias.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+        handle = bias.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
             lambda param: None)
-        seen = _read_hooks(lin.bias)
+        seen = _read_hooks(bias)
         handle.remove()
         if not seen:
             return "a hook of Tensor.register_post_accumulate_grad_hook is not seen"
