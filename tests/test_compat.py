@@ -66,17 +66,16 @@ def test_the_probe_leaves_the_process_no_larger() -> None:
     kernels there (33 MiB here, 11% of a 16-layer MLP's peak). Fresh process: the gate is
     decided once per process."""
     code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from helpers.memory import anonymous_bytes\n"
         "from pipetrain import compat\n"
-        "def anon():\n"
-        "    for line in open('/proc/self/status'):\n"
-        "        if line.startswith('RssAnon:'): return int(line.split()[1]) / 1024\n"
-        "before = anon()\n"
+        "before = anonymous_bytes()\n"
         "assert compat.fused_gemm_supported()\n"
-        "print(anon() - before)\n"
+        "print(anonymous_bytes() - before)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
-    grown_mib = float(done.stdout.split()[-1])
+    grown_mib = int(done.stdout.split()[-1]) / 2**20
     assert grown_mib < 4.0, f"deciding the fused gate grew the process by {grown_mib:.1f} MiB"
 
 

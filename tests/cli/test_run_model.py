@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.memory import anonymous_bytes
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_model import data_record, run_dataset
 
@@ -40,14 +41,6 @@ def test_a_run_dataset_holds_the_whole_file_and_validates_on_its_end(tmp_path: P
     assert set(val.unique().tolist()) == {ord("c")}
 
 
-def _anonymous_bytes() -> int:
-    """This process's resident anonymous memory: what it allocated, not the file pages it
-    maps (page cache the kernel may drop: the kernel maps a whole large folio of a file on
-    one fault, so a few windows show tens of MiB of the file as resident)."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
-
-
 def test_the_file_is_mapped_not_read_the_memory_stays_steady(tmp_path: Path) -> None:
     """Checking, mapping and drawing 40 batches of a 50 MiB file: the memory the process
     allocates grows by less than a tenth of the file (reading it would add all of it, its
@@ -57,14 +50,14 @@ def test_the_file_is_mapped_not_read_the_memory_stays_steady(tmp_path: Path) -> 
     path = _large_file(tmp_path / "big.txt")
     config = RunConfig(data=str(path), context=128)
     torch.zeros(1).add_(1)  # torch's own first allocations, before the measure
-    before = _anonymous_bytes()
+    before = anonymous_bytes()
     assert corpus_problem(config) is None
     dataset, tokenizer = run_dataset(config)
     data_record(config, dataset, tokenizer)
     for step in range(40):
         dataset.batch(step, 32)
         dataset.batch(step, 32, split="val")
-    grown = _anonymous_bytes() - before
+    grown = anonymous_bytes() - before
     assert grown < SIZE / 10, f"allocated memory grew by {grown / 2**20:.1f} MiB"
 
 

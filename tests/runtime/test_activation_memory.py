@@ -29,11 +29,6 @@ def _blocks(width: int, context: int, depth: int = 2) -> torch.nn.Sequential:
     return torch.nn.Sequential(*[f() for f in gpt_layer_factories(config, seed=0)[1:-1]])
 
 
-def _anon_bytes() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
-
-
 def _stage(mode: str, blocks: torch.nn.Module) -> StageCompute:
     return StageCompute(blocks, stage_index=1, device=torch.device("cpu"),
                         selective=mode == "selective")
@@ -53,7 +48,8 @@ import ctypes, gc, sys
 ctypes.CDLL(None).mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD fixed: RSS follows live tensors
 import torch
 sys.path.insert(0, {tests!r})
-from runtime.test_activation_memory import _blocks, _anon_bytes, _grads, _stage
+from helpers.memory import anonymous_bytes
+from runtime.test_activation_memory import _blocks, _grads, _stage
 torch.set_num_threads(1)
 torch.manual_seed(0)
 blocks, x, mode = _blocks(width=256, context=256), torch.randn(8, 256, 256), {mode!r}
@@ -61,9 +57,9 @@ stage = _stage(mode, blocks)
 _grads(stage, x, mode)  # warm: code, thread pool, gradient buffers
 gc.collect()
 ctypes.CDLL(None).malloc_trim(0)
-before = _anon_bytes()
+before = anonymous_bytes()
 out, _ = stage.forward(1, x.requires_grad_(True), checkpointed=False)
-print(_anon_bytes() - before)
+print(anonymous_bytes() - before)
 """
 
 
