@@ -6,23 +6,33 @@ from __future__ import annotations
 import pytest
 
 from helpers.distributed import run_workers
-from helpers.pipeline_jobs import compiled_gpt_job, gpt_reference
+from helpers.pipeline_jobs import compiled_jobs, gpt_reference
 from pipetrain.api.config import PipelineConfig
 
 pytestmark = pytest.mark.distributed
 
 
 def test_compiled_stages_train_as_one_eager_process() -> None:
-    """2 stages, 1F1B, the GPT with tied embeddings and two sequence lengths (the second
-    recompiles with dynamic dims): losses and weights of plain eager training (inductor's
-    fp32 kernels may order sums differently: within 1e-5)."""
-    results = run_workers(compiled_gpt_job, 2, {"num_stages": 2, "num_microbatches": 2}, 2,
-                          timeout=600)
-    params, losses = gpt_reference(2)
-    merged = {k: v for rank in results for k, v in rank[0].items()}
-    assert max(abs(a - b) for a, b in zip(results[0][1], losses)) < 1e-5
-    assert max(float((merged[k] - params[k]).abs().max()) for k in params) < 1e-5
-    assert all(graphs >= 2 for _, _, graphs in results), [r[2] for r in results]
+    """2 stages, 1F1B, compiled, in the same two workers: the GPT with tied embeddings and
+    two sequence lengths (the second recompiles with dynamic dims), then Hugging Face GPT-2
+    (captured, tied embeddings) for one step. Each has the losses and weights of plain eager
+    training in one process (inductor's fp32 kernels may order sums differently: within
+    1e-5), every rank compiled graphs for it, and none reached the recompile limit (after
+    which torch.compile would run eager without a word)."""
+    pytest.importorskip("transformers")
+    from helpers.frontend_jobs import lm_reference
+
+    hf_config = {"kind": "gpt2", "split": True, "schedule": "1f1b", "num_stages": 2,
+                 "num_microbatches": 2, "checkpoint": "except_last"}
+    results = run_workers(compiled_jobs, 2, {"num_stages": 2, "num_microbatches": 2}, 2,
+                          hf_config, 1, timeout=900)
+    references = {"gpt": gpt_reference(2), "hf": lm_reference("gpt2", 1)[:2]}
+    for model, (params, losses) in references.items():
+        merged = {k: v for rank in results for k, v in rank[model][0].items()}
+        assert set(merged) == set(params), (model, set(merged) ^ set(params))
+        assert max(abs(a - b) for a, b in zip(results[0][model][1], losses, strict=True)) < 1e-5, model
+        assert max(float((merged[k] - params[k]).abs().max()) for k in params) < 1e-5, model
+        assert all(rank[model][2] >= 2 for rank in results), [r[model][2] for r in results]
 
 
 @pytest.mark.parametrize(("values", "expected"), [

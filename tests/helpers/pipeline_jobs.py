@@ -277,10 +277,20 @@ def environment_job(context: Any, name: str) -> tuple[str | None, int]:
     return os.environ.get(name), os.getpid()
 
 
-def compiled_gpt_job(ctx: Any, config: dict[str, Any], steps: int) -> tuple[Params, list[float], int]:
-    """The GPT trained with ``compile=True``; its weights, losses and the number of graphs
-    torch.compile made on this rank."""
+def compiled_jobs(ctx: Any, config: dict[str, Any], steps: int, hf_config: dict[str, Any],
+                  hf_steps: int) -> dict[str, Any]:
+    """The GPT, then Hugging Face GPT-2 (captured), trained with ``compile=True`` in the
+    same workers (inductor's start-up paid once); their weights, losses and the graphs
+    torch.compile made for each on this rank. Reaching torch.compile's recompile limit (after
+    which it runs eager without a word) fails the job."""
+    import torch._dynamo
     from torch._dynamo.utils import counters
 
+    from helpers.frontend_jobs import hf_parity_job
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     params, losses = gpt_job(ctx, [{**config, "compile": True}], steps)[0]
-    return params, losses, int(counters["stats"]["unique_graphs"])
+    graphs = int(counters["stats"]["unique_graphs"])
+    hf = hf_parity_job(ctx, [{**hf_config, "compile": True}], hf_steps)[0]
+    return {"gpt": (params, losses, graphs),
+            "hf": (hf["state"], hf["losses"], int(counters["stats"]["unique_graphs"]) - graphs)}

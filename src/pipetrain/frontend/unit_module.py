@@ -81,6 +81,7 @@ class CapturedUnit(nn.Module):
         self._devices_at_capture = tuple(captured_on)
         self._buffer_names = frozenset(buffers)
         self._compiled: dict[Sizes | None, Callable[..., Any]] = {}
+        self._torch_compile: dict[str, Any] | None = None
 
     @property
     def source(self) -> GraphSource:
@@ -98,8 +99,30 @@ class CapturedUnit(nn.Module):
             graph.lint()
             where = "" if sizes is None else f" at {sizes}"
             code = _compile(graph, f"pipetrain unit {self._unit_index}{where} #{len(self._compiled)}")
+            if self._torch_compile is not None:
+                code = torch.compile(code, **self._torch_compile)
             self._compiled[sizes] = code
         return code
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile this unit's graphs with ``torch.compile`` (its keyword arguments), each
+        graph on its own: ``nn.Module.compile`` would trace the routing of every unit
+        through one shared ``forward`` and exhaust torch.compile's recompile limit (then
+        run eager without a word) once a few units or sizes pass through it.
+
+        Example:
+            >>> from pipetrain.frontend.source import CapturedModel
+            >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            >>> unit = CapturedModel.create(model, (torch.randn(3, 4),)).build(0)
+            >>> unit.compile(backend="eager")
+            >>> x = torch.randn(3, 4)
+            >>> torch.allclose(unit(x)[0], model[0](x))
+            True
+        """
+        if args:
+            raise TypeError("CapturedUnit.compile takes torch.compile's keyword arguments only")
+        self._torch_compile = dict(kwargs)
+        self._compiled.clear()
 
     def _route(self, message: Any) -> tuple[Sizes | None, Any]:
         if self._unit_index == 0:
