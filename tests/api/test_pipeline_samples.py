@@ -1,8 +1,10 @@
-"""A user's samples of any length: SampleDataset's packing and padding, resumable by the
-step, and a Pipeline trained on them (loss_per="token") equal to one process."""
+"""A user's samples of any length: SampleDataset's packing (with or without the documents'
+boundaries) and padding, resumable by the step, and a Pipeline trained on them
+(loss_per="token") equal to one process."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,19 @@ import pytest
 import torch
 
 from helpers.distributed import run_workers
-from helpers.sample_jobs import documents, samples_job, samples_reference, samples_resume_job
+from helpers.sample_jobs import (
+    GPT,
+    documents,
+    hf_documents_job,
+    hf_documents_reference,
+    samples_job,
+    samples_reference,
+    samples_resume_job,
+)
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.step_batches import StepSplitter
 from pipetrain.data import IGNORE_INDEX, SampleDataset
+from pipetrain.models import build_gpt
 
 TOLERANCE = 1e-5
 
@@ -63,16 +74,22 @@ def test_padding_varies_the_length_by_step_and_ignores_the_padding() -> None:
     assert len(lengths) >= 3
 
 
-@pytest.mark.parametrize("pack", [True, False])
-def test_a_step_is_the_same_however_the_dataset_got_there(pack: bool) -> None:
+@pytest.mark.parametrize(("pack", "boundaries"), [(True, False), (True, True), (False, False)])
+def test_a_step_is_the_same_however_the_dataset_got_there(pack: bool, boundaries: bool) -> None:
     docs = documents(15)
     for make in (lambda: docs, lambda: Stream(docs)):
-        straight = SampleDataset(make(), context=24, seed=2, pack=pack, val_fraction=0)
+        straight = SampleDataset(make(), context=24, seed=2, pack=pack, boundaries=boundaries,
+                                 val_fraction=0)
         run = [straight.batch(step, 3) for step in range(9)]
-        resumed = SampleDataset(make(), context=24, seed=2, pack=pack, val_fraction=0)
+        resumed = SampleDataset(make(), context=24, seed=2, pack=pack, boundaries=boundaries,
+                                val_fraction=0)
         for step in (5, 6, 7, 8, 2):  # a resume at step 5, then back to an earlier step
             x, y = resumed.batch(step, 3)
-            assert torch.equal(x, run[step][0]) and torch.equal(y, run[step][1])
+            for got, want in ((x, run[step][0]), (y, run[step][1])):
+                if isinstance(want, dict):
+                    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+                else:
+                    assert torch.equal(got, want)
 
 
 def test_an_iterable_is_read_in_its_own_order_epoch_after_epoch() -> None:
@@ -130,30 +147,71 @@ def test_token_weights_are_each_micro_batchs_share_of_the_real_tokens() -> None:
         PipelineConfig(loss_per="tokens")
 
 
+def test_kept_boundaries_make_each_document_of_a_row_predict_as_it_does_alone() -> None:
+    """Packed rows with boundaries=True through the GPT in one process: every piece of a
+    document gives the logits it gives alone (from position 0), to 1e-5; the same rows
+    packed without boundaries do not (attention crosses documents)."""
+    model = build_gpt(GPT, seed=3).eval()
+    kept = SampleDataset(documents(), context=GPT.context, seed=1, boundaries=True, val_fraction=0)
+    joined = SampleDataset(documents(), context=GPT.context, seed=1, val_fraction=0)
+    inputs, targets = kept.batch(2, 4)
+    tokens, positions = inputs["input_ids"], inputs["position_ids"]
+    assert torch.equal(tokens, joined.batch(2, 4)[0]) and torch.equal(targets, joined.batch(2, 4)[1])
+    with torch.no_grad():
+        packed, crossing = model(inputs), model(tokens)
+        pieces = 0
+        for row in range(len(tokens)):
+            starts = [0, *(t for t in range(1, GPT.context) if positions[row, t] == 0), GPT.context]
+            for a, b in itertools.pairwise(starts):
+                alone = model(tokens[row:row + 1, a:b])[0]
+                assert torch.equal(positions[row, a:b], torch.arange(b - a))
+                assert torch.allclose(packed[row, a:b], alone, atol=TOLERANCE, rtol=0)
+                pieces += 1
+        assert pieces > 2 * len(tokens)  # the rows hold several documents each
+        assert float((packed - crossing).abs().max()) > 1e-3
+
+
+def test_boundaries_need_packing_and_the_gpt_names_a_bad_input() -> None:
+    with pytest.raises(ValueError, match="boundaries=True keeps the documents of packed rows apart"):
+        SampleDataset(documents(2), context=8, pack=False, boundaries=True)
+    embedding = build_gpt(GPT, seed=0)[0]
+    tokens = torch.zeros(1, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"position_ids must lie in \[0, 64\)"):
+        embedding({"input_ids": tokens, "position_ids": torch.full((1, 4), 64)})
+    with pytest.raises(ValueError, match=r"got keys \['input_ids', 'positions'\]"):
+        embedding({"input_ids": tokens, "positions": tokens})
+
+
 @pytest.mark.distributed
 def test_packed_and_padded_documents_train_as_one_process() -> None:
-    """2 stages x 2 replicas (1f1b) and 4 stages (gpipe, zb-h1) on packed and on padded
-    documents of 16-128 tokens: the per-step losses and the weights equal one process's.
-    Weighing padded micro-batches by their samples instead would not."""
+    """2 stages x 2 replicas (1f1b) and 4 stages (gpipe, zb-h1) on packed documents (their
+    boundaries kept or not) and on padded documents of 16-128 tokens: the per-step losses
+    and the weights equal one process's. Weighing padded micro-batches by their samples
+    instead would not."""
     runs = []
-    for pack in (True, False):
-        runs += [(pack, {"num_stages": 2, "replicas": 2, "num_microbatches": 3,
-                         "schedule": "1f1b", "loss_per": "token"}),
-                 (pack, {"num_stages": 4, "num_microbatches": 3, "schedule": "gpipe",
-                         "loss_per": "token", "checkpoint": "except_last"}),
-                 (pack, {"num_stages": 4, "num_microbatches": 6, "schedule": "zb-h1",
-                         "loss_per": "token"})]
-    runs.append((False, {"num_stages": 4, "num_microbatches": 6, "schedule": "1f1b"}))
+    for layout in ("packed", "padded"):
+        runs += [(layout, {"num_stages": 2, "replicas": 2, "num_microbatches": 3,
+                           "schedule": "1f1b", "loss_per": "token"}),
+                 (layout, {"num_stages": 4, "num_microbatches": 3, "schedule": "gpipe",
+                           "loss_per": "token", "checkpoint": "except_last"}),
+                 (layout, {"num_stages": 4, "num_microbatches": 6, "schedule": "zb-h1",
+                           "loss_per": "token"})]
+    runs += [("documents", {"num_stages": 2, "replicas": 2, "num_microbatches": 3,
+                            "schedule": "1f1b", "loss_per": "token"}),
+             ("documents", {"num_stages": 4, "num_microbatches": 6, "schedule": "zb-h1",
+                            "loss_per": "token", "checkpoint": "except_last"})]
+    runs.append(("padded", {"num_stages": 4, "num_microbatches": 6, "schedule": "1f1b"}))
     results = run_workers(samples_job, 4, runs, 3, timeout=300)
-    references = {pack: samples_reference(pack, 3) for pack in (True, False)}
-    for index, (pack, config) in enumerate(runs):
+    references = {layout: samples_reference(layout, 3) for layout in ("packed", "padded", "documents")}
+    assert abs(references["packed"][1][0] - references["documents"][1][0]) > 1e-4
+    for index, (layout, config) in enumerate(runs):
         params = {k: v for rank in results for k, v in rank[index][0].items()}
-        ref_params, ref_losses = references[pack]
+        ref_params, ref_losses = references[layout]
         losses = results[0][index][1]
         worst = max(float((params[k] - ref_params[k]).abs().max()) for k in ref_params)
         loss_error = max(abs(a - b) for a, b in zip(losses, ref_losses))
         if config.get("loss_per") == "token":
-            assert worst < TOLERANCE and loss_error < TOLERANCE, (pack, config, worst, loss_error)
+            assert worst < TOLERANCE and loss_error < TOLERANCE, (layout, config, worst, loss_error)
         else:
             assert loss_error > 1e-4, "weighing by samples matched: the test shows nothing"
 
@@ -164,7 +222,7 @@ def test_a_resume_mid_epoch_gives_the_uninterrupted_losses_bit_for_bit(tmp_path:
     new Pipeline that loads it and trains steps 2-3 on a new dataset: the same losses."""
     config = {"num_stages": 2, "replicas": 2, "num_microbatches": 3, "schedule": "1f1b",
               "loss_per": "token"}
-    results = run_workers(samples_resume_job, 4, config, False, str(tmp_path / "ckpt"), 3,
+    results = run_workers(samples_resume_job, 4, config, "padded", str(tmp_path / "ckpt"), 3,
                           timeout=300)
     whole, resumed = results[0]
     assert len(whole) == len(resumed) == 3 and whole == resumed
@@ -177,3 +235,19 @@ def test_the_examples_run_as_written(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.distributed
+def test_a_hugging_face_model_keeps_the_boundaries_through_a_pipeline() -> None:
+    """GPT-2 captured on packed documents with their boundaries (``position_ids``, which it
+    reads as packed sequences), 2 stages: the losses and weights of one process on the same
+    batches, which differ from the same rows packed without boundaries."""
+    pytest.importorskip("transformers")
+    config = {"num_stages": 2, "num_microbatches": 3, "schedule": "1f1b", "loss_per": "token"}
+    results = run_workers(hf_documents_job, 2, config, 2, timeout=300)
+    params, losses = hf_documents_reference("documents", 2)
+    assert abs(hf_documents_reference("packed", 1)[1][0] - losses[0]) > 1e-4
+    merged = {k: v for rank in results for k, v in rank[0].items()}
+    assert set(merged) == set(params)
+    assert max(abs(a - b) for a, b in zip(results[0][1], losses, strict=True)) < TOLERANCE
+    assert max(float((merged[k] - params[k]).abs().max()) for k in params) < TOLERANCE

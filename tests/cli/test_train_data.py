@@ -43,6 +43,18 @@ def build(vocab_size, context, seed):
                                         val_data=documents(2))}
 
 
+def kept(vocab_size, context, seed):
+    from pipetrain.models import GPTConfig, build_gpt
+
+    config = GPTConfig(vocab_size=vocab_size, context=context, num_layers=2, width=32)
+    return {"model": build_gpt(config, seed=seed), "split_points": ["2"],
+            "optimizer": functools.partial(torch.optim.SGD, lr=0.05),
+            "lr_scheduler": functools.partial(torch.optim.lr_scheduler.LambdaLR,
+                                              lr_lambda=constant),
+            "train_data": SampleDataset(documents(1), context=context, seed=seed,
+                                        boundaries=True, val_data=documents(2)[:3])}
+
+
 def packed(vocab_size):
     return {"model": nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size)),
             "train_data": documents(1), "val_data": documents(2)[:3]}
@@ -68,6 +80,40 @@ def test_a_list_of_documents_is_packed_and_its_record_says_so(tmp_path: Path) ->
     line = data_line(record)
     assert line.startswith("data: SampleDataset(train=30 samples") and ", packed;" in line
     assert f"{record['val_tokens']:,} to validate on" in line
+
+
+@pytest.mark.distributed
+def test_packed_documents_with_their_boundaries_train_from_the_command_line(tmp_path: Path) -> None:
+    """A model file's built-in GPT and SampleDataset(boundaries=True): the model is captured
+    on a batch of input_ids and position_ids, 2 stages train 2 steps, and each step's loss is
+    one process's on the same batches (which attention across documents would change)."""
+    path = tmp_path / "model.py"
+    path.write_text(_MODEL_FILE)
+    run = run_train(OPTIONS, "--model", f"{path}:kept", "--steps", "2", out=tmp_path / "run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "packed, each document attending to itself only" in run.stderr
+
+    from pipetrain.cli.user_models import build_user_model, lm_loss
+
+    config = _config(path, "kept")
+    dataset, _ = run_dataset(config)
+    user = build_user_model(config, vocab_size=256)
+    optimizer = user.optimizer(user.model.parameters())
+    losses, crossing = [], []
+    for step in range(2):
+        x, y = dataset.batch(step, 4)
+        with torch.no_grad():
+            crossing.append(lm_loss(user.model(x["input_ids"]), y).item())
+        loss = lm_loss(user.model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(user.model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    recorded = recorded_losses(tmp_path / "run")
+    assert len(recorded) == 2 and abs(crossing[0] - losses[0]) > 1e-4
+    for step, (a, b) in enumerate(zip(losses, recorded)):
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {step + 1}: {b} vs one process {a}"
 
 
 @pytest.mark.distributed

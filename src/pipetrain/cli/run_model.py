@@ -114,6 +114,7 @@ def data_record(config: RunConfig, dataset: RunDataset, tokenizer: RunTokenizer)
     if isinstance(dataset, SampleDataset):
         return {"corpus": f"{config.model}: train_data", "description": repr(dataset),
                 "tokens": "the model file's", "packed": dataset.pack,
+                "boundaries": dataset.boundaries,
                 "train_tokens": dataset.num_train_tokens, "val_tokens": dataset.num_val_tokens}
     num_tokens = dataset.num_train_tokens + dataset.num_val_tokens
     size = num_tokens if tokenizer.hf is None else corpus_size(config.data)
@@ -135,7 +136,10 @@ def data_line(record: dict[str, Any]) -> str:
 
     line = f"data: {record['description']}: {tokens(record['train_tokens'])} tokens to train on"
     if "packed" in record:
-        return line + (", packed" if record["packed"] else ", padded per step") + (
+        layout = ", padded per step" if not record["packed"] else (
+            ", packed, each document attending to itself only" if record.get("boundaries")
+            else ", packed")
+        return line + layout + (
             f"; {tokens(record['val_tokens'])} to validate on" if record["val_tokens"] else
             "; no validation split")
     return line + f", the last {tokens(record['val_tokens'])} to validate on"
@@ -157,16 +161,25 @@ def pipeline_model(config: RunConfig, model_config: GPTConfig, dataset: RunDatas
     tokens, _ = dataset.batch(0, max(2, config.batch_size // config.microbatches))
     if config.model in HF_MODELS:
         splits = None if config.balance == "auto" else block_split_points(config, stages)
-        return build_hf_model(config), {"loss_fn": hf_loss, "example_inputs": (tokens,),
-                                        "split_points": splits}
+        model = build_hf_model(config)
+        return model, {"loss_fn": hf_loss, **_example(model, tokens), "split_points": splits}
     user = build_user_model(config, vocab_size=vocab_size)
     cut = config.balance not in (None, "auto") or config.plan is not None
-    arguments = {"loss_fn": user.loss_fn, "example_inputs": (tokens,),
+    arguments = {"loss_fn": user.loss_fn, **_example(user.model, tokens),
                  "split_points": None if cut or num_stages == 1 else user.split_points,
                  "weights": user.weights}
     return user.model, arguments | {k: v for k, v in (("optimizer", user.optimizer),
                                                        ("lr_scheduler", user.lr_scheduler))
                                     if v is not None}
+
+
+def _example(model: Any, inputs: Any) -> dict[str, Any]:
+    """A batch's inputs as the example ``model`` is captured on (a dict of packed
+    documents' ``input_ids`` and ``position_ids`` by name where its forward names them)."""
+    from pipetrain.frontend.inputs import as_call
+
+    args, kwargs = as_call(model, inputs)
+    return {"example_inputs": args, "example_kwargs": kwargs or None}
 
 
 def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: RunDataset, *,
@@ -181,7 +194,8 @@ def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: RunDatas
 
     model, arguments = pipeline_model(config, model_config, dataset, vocab_size=vocab_size,
                                       num_stages=1)
-    captured = CapturedModel.create(model, (tokens,), None, split_points=None, num_stages=1,
+    captured = CapturedModel.create(model, arguments["example_inputs"], arguments["example_kwargs"],
+                                    split_points=None, num_stages=1,
                                     weights=arguments.get("weights"))
     units = [captured.build(u, torch.device("cpu")) for u in range(len(captured))]
     return units, captured.sample, arguments["loss_fn"], targets

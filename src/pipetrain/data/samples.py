@@ -10,8 +10,14 @@ Each sample becomes an (input, target) pair; a document of ``n`` tokens gives ``
 predictions, so no target ever crosses from one document into the next.
 
 - ``pack=True`` (the default): the pairs are joined end to end and cut into rows of
-  ``context`` positions. Every row is full: no padding, no token wasted. Attention within a
-  row spans the documents it holds (models here take token ids only); the loss does not.
+  ``context`` positions. Every row is full: no padding, no token wasted. The loss never
+  crosses documents; attention within a row spans the documents it holds, unless
+  ``boundaries=True``: then the inputs are ``{"input_ids": (B, T), "position_ids": (B, T)}``,
+  each token's position within its document (0 where a document starts, and at the start
+  of a row), and a model that takes them attends within each document only: the built-in
+  GPT (:func:`~pipetrain.models.document_mask`) and Hugging Face models, which read a
+  packed batch from ``position_ids`` the same way. Each document then trains as it would
+  alone.
 - ``pack=False``: one sample per row (its first ``context`` positions), the rows of a step
   padded to the longest of the step, so the sequence length changes from step to step.
   Padded positions have the target :data:`IGNORE_INDEX`, which the losses skip; use
@@ -34,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "SampleDataset", "real_tokens"]
+__all__ = ["IGNORE_INDEX", "SampleDataset", "real_tokens", "row_positions"]
 
 IGNORE_INDEX = -100
 """The target of a padded position (``torch.nn.functional.cross_entropy`` skips it)."""
@@ -55,6 +61,19 @@ def real_tokens(targets: Any) -> int:
     return int((targets != IGNORE_INDEX).sum())
 
 
+def row_positions(offsets: Tensor) -> Tensor:
+    """Position ids of packed rows ``(B, T)`` from each token's offset in its document: a
+    row that starts inside a document counts that piece from 0.
+
+    Example:
+        >>> row_positions(torch.tensor([[3, 4, 0, 1], [2, 0, 1, 2]]))
+        tensor([[0, 1, 0, 1],
+                [0, 0, 1, 2]])
+    """
+    piece = (offsets == 0).cumsum(dim=1) == 0  # before the row's first document start
+    return offsets - torch.where(piece, offsets[:, :1], 0)
+
+
 class SampleDataset:
     """Step batches of (inputs, targets) from a user's samples (see the module's text).
 
@@ -71,16 +90,26 @@ class SampleDataset:
         >>> padded = SampleDataset(docs, context=16, seed=0, pack=False, val_fraction=0)
         >>> [padded.batch(step, 2)[0].shape[1] for step in range(3)]
         [8, 11, 11]
+        >>> kept = SampleDataset(docs, context=8, seed=0, boundaries=True, val_fraction=0)
+        >>> kept.batch(0, 2)[0]["position_ids"]
+        tensor([[0, 1, 2, 3, 4, 5, 6, 7],
+                [0, 1, 0, 1, 2, 3, 4, 5]])
     """
 
     def __init__(self, data: Any, *, context: int, seed: int = 0, pack: bool = True,
-                 val_data: Any = None, val_fraction: float = 0.05) -> None:
+                 boundaries: bool = False, val_data: Any = None,
+                 val_fraction: float = 0.05) -> None:
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise ValueError(f"context={context!r} must be a positive int, e.g. context=128")
         if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction!r} must be in [0, 1), e.g. 0.05 (or 0 "
                              "for no validation split)")
+        if boundaries not in (True, False) or (boundaries and not pack):
+            raise ValueError(f"boundaries={boundaries!r} (pack={pack!r}): boundaries=True keeps "
+                             "the documents of packed rows apart and needs pack=True; padded "
+                             "rows hold one document each")
         self.context, self.seed, self.pack = context, seed, bool(pack)
+        self.boundaries = bool(boundaries)
         train = _source(data, "data")
         if val_data is not None:
             val = _source(val_data, "val_data")
@@ -105,9 +134,10 @@ class SampleDataset:
             return 0
         return val.positions if isinstance(val, _Indexed) else None  # type: ignore[return-value]
 
-    def batch(self, step: int, batch_size: int, *, split: str = "train") -> tuple[Tensor, Tensor]:
+    def batch(self, step: int, batch_size: int, *, split: str = "train") -> tuple[Any, Tensor]:
         """Batch ``step`` of ``split``: int64 inputs (B, T) and targets (B, T); ``T`` is
-        ``context`` when packing, else the step's longest sample (up to ``context``).
+        ``context`` when packing, else the step's longest sample (up to ``context``). With
+        ``boundaries`` the inputs are ``{"input_ids", "position_ids"}``.
 
         Example:
             >>> data = SampleDataset([torch.arange(6)] * 8, context=4, seed=0, val_fraction=0)
@@ -127,8 +157,12 @@ class SampleDataset:
         if self.pack:
             width = self.context
             first = step * batch_size * width
-            inputs, targets = source.span(first, batch_size * width, self._order(split))
-            return inputs.view(batch_size, width), targets.view(batch_size, width)
+            inputs, targets, offsets = source.span(first, batch_size * width, self._order(split))
+            rows = inputs.view(batch_size, width)
+            if self.boundaries:
+                return {"input_ids": rows, "position_ids": row_positions(
+                    offsets.view(batch_size, width))}, targets.view(batch_size, width)
+            return rows, targets.view(batch_size, width)
         pairs = [source.sample(step * batch_size + row, self._order(split))
                  for row in range(batch_size)]
         pairs = [(x[:self.context], y[:self.context]) for x, y in pairs]
@@ -150,7 +184,8 @@ class SampleDataset:
 
     def __repr__(self) -> str:
         return (f"SampleDataset(train={self._splits['train']!r}, val={self._splits['val']!r}, "
-                f"context={self.context}, pack={self.pack}, seed={self.seed})")
+                f"context={self.context}, pack={self.pack}"
+                + (", boundaries=True" if self.boundaries else "") + f", seed={self.seed})")
 
 
 def _pair(sample: Any, where: str) -> tuple[Tensor, Tensor]:
@@ -217,9 +252,10 @@ class _Indexed:
         epoch, within = divmod(number, len(self))
         return self._pair(int(order(epoch, len(self))[within]))
 
-    def span(self, first: int, count: int, order: Any) -> tuple[Tensor, Tensor]:
-        """Positions ``first .. first + count`` of the endless stream of epochs."""
-        xs, ys = [], []
+    def span(self, first: int, count: int, order: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Positions ``first .. first + count`` of the endless stream of epochs: inputs,
+        targets and each one's offset in its sample."""
+        xs, ys, offsets = [], [], []
         while count > 0:
             epoch, offset = divmod(first, self.positions)
             if self._epoch is None or self._epoch[0] != epoch:  # once per epoch, not per step
@@ -233,8 +269,9 @@ class _Indexed:
                 take = min(count, len(x) - start)
                 xs.append(x[start:start + take])
                 ys.append(y[start:start + take])
+                offsets.append(torch.arange(start, start + take))
                 first, count, start, slot = first + take, count - take, 0, slot + 1
-        return torch.cat(xs), torch.cat(ys)
+        return torch.cat(xs), torch.cat(ys), torch.cat(offsets)
 
 
 class _Streamed:
@@ -246,7 +283,8 @@ class _Streamed:
         self._pairs: Iterator[tuple[Tensor, Tensor]] | None = None
         self._read = 0
         """Samples (pad mode) or positions (pack mode) read before ``_held``."""
-        self._held: list[tuple[Tensor, Tensor]] = []
+        self._held: list[tuple[Tensor, Tensor, Tensor]] = []
+        """Samples read and not used up yet: inputs, targets, offsets in their sample."""
 
     def __repr__(self) -> str:
         return f"an iterable {type(self.data).__name__}"
@@ -275,18 +313,17 @@ class _Streamed:
         self._read += 1
         return next(pairs)
 
-    def span(self, first: int, count: int, order: Any) -> tuple[Tensor, Tensor]:
+    def span(self, first: int, count: int, order: Any) -> tuple[Tensor, Tensor, Tensor]:
         pairs = self._from(first)
-        held = sum(len(x) for x, _ in self._held)
+        held = sum(len(x) for x, _, _ in self._held)
         while self._read + held < first + count:  # read on until the span is held
             x, y = next(pairs)
             if self._read + held + len(x) <= first:  # wholly before the span: skipped
                 self._read += len(x)
                 continue
-            self._held.append((x, y))
+            self._held.append((x, y, torch.arange(len(x))))
             held += len(x)
-        inputs = torch.cat([x for x, _ in self._held])
-        targets = torch.cat([y for _, y in self._held])
-        skip = first - self._read
-        self._read, self._held = first + count, [(inputs[skip + count:], targets[skip + count:])]
-        return inputs[skip:skip + count], targets[skip:skip + count]
+        inputs, targets, offsets = (torch.cat(parts) for parts in zip(*self._held, strict=True))
+        skip, end = first - self._read, first - self._read + count
+        self._read, self._held = first + count, [(inputs[end:], targets[end:], offsets[end:])]
+        return inputs[skip:end], targets[skip:end], offsets[skip:end]

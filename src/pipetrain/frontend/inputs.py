@@ -4,7 +4,9 @@ A model is captured on example inputs given as positional ``args`` and keyword
 ``kwargs``; they are bound to the parameter names of ``model.forward`` so that a batch
 may later be given in any of three forms (the same as the batch of
 ``Pipeline.train_step``): a tensor (the first parameter), a tuple (positional
-arguments) or a dict (keyword arguments). Every tensor of the bound inputs is a *slot*,
+arguments) or a dict (keyword arguments when its keys are names ``forward`` takes, e.g.
+``{"input_ids", "position_ids"}`` for a Hugging Face model; else the first parameter, e.g.
+the same dict given to an ``nn.Sequential`` whose first layer reads it). Every tensor of the bound inputs is a *slot*,
 addressed by its path (``("input_ids",)``, ``("pair", 1)``); ``None`` holds no slot,
 and other non-tensor values are constants of the capture.
 """
@@ -21,7 +23,7 @@ from torch import nn
 
 from pipetrain.nested import describe_value
 
-__all__ = ["InputBinding", "Path", "bind_inputs", "dynamic_dims", "leaves_with_paths"]
+__all__ = ["InputBinding", "Path", "as_call", "bind_inputs", "dynamic_dims", "leaves_with_paths"]
 
 Path = tuple[str | int, ...]
 """Where a leaf sits in the bound inputs: the parameter name, then keys / indices."""
@@ -54,6 +56,38 @@ def _show(path: Path) -> str:
 
 def _forward_signature(model: nn.Module) -> inspect.Signature:
     return inspect.signature(model.forward)
+
+
+def _by_name(batch: dict[Any, Any], parameters: tuple[str, ...], any_keyword: bool) -> bool:
+    """Whether a dict batch is keyword arguments (rather than the first input)."""
+    return any_keyword or (bool(batch) and set(batch) <= set(parameters))
+
+
+def _named_parameters(model: nn.Module) -> tuple[tuple[str, ...], bool]:
+    """``forward``'s parameters that may be passed by name, and whether it takes ``**kwargs``."""
+    signature = _forward_signature(model)
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return (tuple(name for name, p in signature.parameters.items() if p.kind in kinds),
+            any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()))
+
+
+def as_call(model: nn.Module, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch as the positional and keyword arguments of ``model`` (see the module
+    docstring): what to capture the model on.
+
+    Example:
+        >>> batch = {"input_ids": torch.zeros(1, 2), "position_ids": torch.zeros(1, 2)}
+        >>> as_call(nn.Sequential(nn.Identity()), batch)[1]
+        {}
+        >>> class LM(nn.Module):
+        ...     def forward(self, input_ids, position_ids=None):
+        ...         return input_ids
+        >>> sorted(as_call(LM(), batch)[1])
+        ['input_ids', 'position_ids']
+    """
+    if isinstance(batch, dict) and _by_name(batch, *_named_parameters(model)):
+        return (), dict(batch)
+    return (batch if isinstance(batch, tuple) else (batch,)), {}
 
 
 def bind_inputs(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,6 +148,8 @@ class InputBinding:
     """Paths of the tensor inputs, in graph order."""
     examples: tuple[str, ...]
     """Each slot's example, as ``(2, 16) int64`` (for error messages)."""
+    any_keyword: bool = False
+    """``forward`` takes ``**kwargs``: every dict batch is keyword arguments."""
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -123,19 +159,15 @@ class InputBinding:
     @staticmethod
     def of(model: nn.Module, named: Mapping[str, Any]) -> InputBinding:
         """The binding of the inputs ``named`` (from :func:`bind_inputs`)."""
-        signature = _forward_signature(model)
-        parameters = tuple(
-            name for name, p in signature.parameters.items()
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        )
+        parameters, any_keyword = _named_parameters(model)
         slots = [(path, leaf) for path, leaf in leaves_with_paths(dict(named))
                  if isinstance(leaf, torch.Tensor)]
         return InputBinding(type(model).__name__, parameters, tuple(p for p, _ in slots),
-                            tuple(describe_value(leaf) for _, leaf in slots))
+                            tuple(describe_value(leaf) for _, leaf in slots), any_keyword)
 
     def named(self, batch: Any) -> dict[str, Any]:
         """A batch (tensor, tuple of positional arguments, or dict) by parameter name."""
-        if isinstance(batch, dict):
+        if isinstance(batch, dict) and _by_name(batch, self.parameters, self.any_keyword):
             return dict(batch)
         values = batch if isinstance(batch, tuple) else (batch,)
         if len(values) > len(self.parameters):

@@ -10,6 +10,14 @@ projection), cut into layers a pipeline can split::
 
 ``B`` batch, ``T`` tokens (any length up to ``context``), ``C`` width, ``V`` vocabulary,
 ``L`` ``num_layers``, ``H`` heads, ``D = C / H`` head width.
+
+Packed documents: given ``{"input_ids": (B, T), "position_ids": (B, T)}`` (what
+:class:`~pipetrain.data.SampleDataset` gives with ``boundaries=True``), the embedding
+takes each token's position within its document, and every layer passes the positions on
+beside its activation (a pair ``((B, T, C), (B, T))``), so that a token attends only to
+the tokens of its own document before it (:func:`document_mask`; a document starts where
+a position is not its predecessor's plus one, Hugging Face's convention). Each document
+then gives the logits it gives alone.
 """
 
 from __future__ import annotations
@@ -37,8 +45,10 @@ __all__ = [
     "Embedding",
     "GPTConfig",
     "Head",
+    "attend",
     "build_gpt",
     "count_parameters",
+    "document_mask",
     "generate",
     "gpt_layer",
     "gpt_layer_factories",
@@ -86,8 +96,55 @@ class GPTConfig:
             raise ValueError("invalid GPTConfig: " + "; ".join(problems))
 
 
+def document_mask(position_ids: Tensor) -> Tensor:
+    """The attention mask of packed documents: ``(B, 1, T, T)``, true where query ``q`` may
+    see key ``k`` (``k <= q``, both in one document). A document starts at every position
+    that is not its predecessor's plus one (and at each row's start).
+
+    Example:
+        >>> document_mask(torch.tensor([[0, 1, 0, 1, 2]]))[0, 0].int()
+        tensor([[1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0],
+                [0, 0, 1, 0, 0],
+                [0, 0, 1, 1, 0],
+                [0, 0, 1, 1, 1]], dtype=torch.int32)
+    """
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    document = starts.cumsum(dim=1)  # (B, T): which document of the row
+    T = position_ids.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()
+    return ((document[:, :, None] == document[:, None, :]) & causal).unsqueeze(1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """Causal attention of ``(B, H, T, D)`` heads; within documents given ``mask``
+    (:func:`document_mask`).
+
+    Example:
+        >>> q = torch.randn(1, 2, 3, 4)
+        >>> alone = attend(q[..., 2:, :], q[..., 2:, :], q[..., 2:, :], None, 0.0)
+        >>> packed = attend(q, q, q, document_mask(torch.tensor([[0, 1, 0]])), 0.0)
+        >>> torch.allclose(packed[..., 2:, :], alone)
+        True
+    """
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def _split_packed(x: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """A layer's input: the activation, and the positions of packed documents (or None)."""
+    if isinstance(x, (tuple, list)):
+        return x[0], x[1]
+    return x, None
+
+
 class Embedding(nn.Module):
-    """Layer 0: token plus learned position embedding, int64 (B, T) -> float (B, T, C)."""
+    """Layer 0: token plus learned position embedding, int64 (B, T) -> float (B, T, C);
+    ``{"input_ids", "position_ids"}`` of packed documents -> ``((B, T, C), position_ids)``
+    (see the module docstring).
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -98,7 +155,9 @@ class Embedding(nn.Module):
         nn.init.normal_(self.token.weight, std=0.02)
         nn.init.normal_(self.position.weight, std=0.02)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor | dict[str, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(tokens, dict):
+            return self._packed(tokens)
         if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype.is_complex:
             raise TypeError(
                 f"GPT input must be integer token ids of shape (batch, tokens), got a "
@@ -117,6 +176,24 @@ class Embedding(nn.Module):
         x = self.dropout(x)  # (B, T, C)
         return x
 
+    def _packed(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if set(batch) != {"input_ids", "position_ids"}:
+            raise ValueError(f"a GPT input dict holds 'input_ids' and 'position_ids' (packed "
+                             f"documents), got keys {sorted(batch)}; fix: "
+                             "SampleDataset(..., boundaries=True) makes them")
+        tokens, positions = batch["input_ids"], batch["position_ids"]
+        if (tokens.dim() != 2 or positions.shape != tokens.shape or tokens.dtype.is_floating_point
+                or positions.dtype.is_floating_point):
+            raise TypeError(f"input_ids and position_ids must be integer tensors of one shape "
+                            f"(batch, tokens), got {tokens.dtype} {tuple(tokens.shape)} and "
+                            f"{positions.dtype} {tuple(positions.shape)}")
+        if not torch.compiler.is_compiling() and positions.numel() and (
+                int(positions.min()) < 0 or int(positions.max()) >= self.context):
+            raise ValueError(f"position_ids must lie in [0, {self.context}) (the model's "
+                             f"context), got {int(positions.min())}..{int(positions.max())}")
+        x: Tensor = self.dropout(self.token(tokens) + self.position(positions))  # (B, T, C)
+        return x, positions
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which token ``t`` sees tokens ``0..t`` only."""
@@ -129,7 +206,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.width, config.width)
         self.residual_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         H = self.num_heads
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
@@ -137,7 +214,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D)
+        y = attend(q, k, v, mask, p)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         out: Tensor = self.residual_dropout(self.proj(y))  # (B, T, C)
         return out
@@ -160,7 +237,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Layers 1..L: a pre-LayerNorm transformer block, (B, T, C) -> (B, T, C)."""
+    """Layers 1..L: a pre-LayerNorm transformer block, (B, T, C) -> (B, T, C) (packed
+    documents: ``((B, T, C), position_ids)`` -> the same pair)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -175,10 +253,12 @@ class Block(nn.Module):
         for linear in (self.attn.proj, self.mlp.proj):
             nn.init.normal_(linear.weight, std=0.02 / math.sqrt(2 * config.num_layers))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))  # (B, T, C)
-        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
-        return x
+    def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+        h, positions = _split_packed(x)
+        mask = None if positions is None else document_mask(positions)
+        h = h + self.attn(self.ln_1(h), mask)  # (B, T, C)
+        h = h + self.mlp(self.ln_2(h))  # (B, T, C)
+        return h if positions is None else (h, positions)
 
 
 class Head(nn.Module):
@@ -190,8 +270,8 @@ class Head(nn.Module):
         self.proj = nn.Linear(config.width, config.vocab_size, bias=False)  # weight (V, C)
         nn.init.normal_(self.proj.weight, std=0.02)
 
-    def forward(self, x: Tensor) -> Tensor:
-        logits: Tensor = self.proj(self.norm(x))  # (B, T, V)
+    def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        logits: Tensor = self.proj(self.norm(_split_packed(x)[0]))  # (B, T, V)
         return logits
 
 

@@ -20,13 +20,12 @@ Attention dropout would draw other masks than one process: the plan refuses it.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from pipetrain.models.gpt import Block, CausalSelfAttention
+from pipetrain.models.gpt import Block, CausalSelfAttention, attend
 
 __all__ = ["HeadsAttention", "gpt_tensor_parallel_plan"]
 
@@ -55,7 +54,7 @@ class HeadsAttention(nn.Module):
         self.index = index
         self.num_parts = num_parts
 
-    def forward_heads(self, x: Tensor) -> Tensor:
+    def forward_heads(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """This rank's heads' attention output ``(B, T, C / parts)``, before ``proj``."""
         B, T, C = x.shape
         H, D = self.num_heads // self.num_parts, C // self.num_heads  # heads here, head width
@@ -68,11 +67,11 @@ class HeadsAttention(nn.Module):
         q = q.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.reshape(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        y = attend(q, k, v, mask, 0.0)  # (B, H, T, D)
         return y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
 
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.residual_dropout(self.proj(self.forward_heads(x)))  # (B, T, C)
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        out: Tensor = self.residual_dropout(self.proj(self.forward_heads(x, mask)))  # (B, T, C)
         return out
 
 
