@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.train_runs import recorded_losses, run_train
+from helpers.train_runs import recorded_losses, run_here, run_train
 from pipetrain.cli.run_config import RunConfig
 from pipetrain.cli.run_model import data_line, data_record, run_dataset
 from pipetrain.data import SampleDataset
@@ -86,12 +86,19 @@ def test_a_list_of_documents_is_packed_and_its_record_says_so(tmp_path: Path) ->
 def test_packed_documents_with_their_boundaries_train_from_the_command_line(tmp_path: Path) -> None:
     """A model file's built-in GPT and SampleDataset(boundaries=True): the model is captured
     on a batch of input_ids and position_ids, 2 stages train 2 steps, and each step's loss is
-    one process's on the same batches (which attention across documents would change)."""
+    one process's on the same batches (which attention across documents would change); the
+    run samples, and `pipetrain sample` loads its checkpoint and samples."""
     path = tmp_path / "model.py"
     path.write_text(_MODEL_FILE)
-    run = run_train(OPTIONS, "--model", f"{path}:kept", "--steps", "2", out=tmp_path / "run")
+    run = run_train(OPTIONS, "--model", f"{path}:kept", "--steps", "2", "--sample-bytes", "8",
+                    out=tmp_path / "run")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "packed, each document attending to itself only" in run.stderr
+    assert (tmp_path / "run" / "sample.txt").read_bytes().startswith(b"def ")
+    # one process samples from it too, with the model file's optimizer (SGD: its state is
+    # not AdamW's) and the prompt as one document
+    sampled = run_here(["sample", str(tmp_path / "run"), "--bytes", "8"])
+    assert sampled.returncode == 0 and sampled.stdout.startswith("def "), sampled.stderr[-2000:]
 
     from pipetrain.cli.user_models import build_user_model, lm_loss
 

@@ -202,13 +202,18 @@ def profile_inputs(config: RunConfig, model_config: GPTConfig, dataset: RunDatas
 
 
 def sample_text(pipe: Any, tokenizer: RunTokenizer, *, prompt: str, num_tokens: int,
-                temperature: float, top_k: int, seed: int, context: int) -> str:
+                temperature: float, top_k: int, seed: int, context: int,
+                positions: bool = False) -> str:
     """``prompt`` continued by ``num_tokens`` tokens sampled from the pipeline's model
-    (every rank calls it; each gets the text)."""
+    (every rank calls it; each gets the text). ``positions``: the model was trained on
+    packed documents with their boundaries and takes ``{"input_ids", "position_ids"}`` (the
+    prompt is one document)."""
     from pipetrain.models import generate
 
     def logits(ids: torch.Tensor) -> torch.Tensor:
-        output = pipe.eval_step(ids, broadcast=True)
+        batch: Any = ids if not positions else {
+            "input_ids": ids, "position_ids": torch.arange(ids.size(1)).expand_as(ids)}
+        output = pipe.eval_step(batch, broadcast=True)
         output = getattr(output, "logits", output)  # a Hugging Face model's output
         assert isinstance(output, torch.Tensor)
         return output

@@ -62,13 +62,13 @@ def run(args: argparse.Namespace) -> int:
             "config.json and checkpoint/); fix: pass the --out folder of `pipetrain train`\n"
         )
         return 2
-    import torch
     import torch.distributed as dist
 
     from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
     from pipetrain.cli.model_record import gpt_config_of
     from pipetrain.cli.run_model import pipeline_model, run_dataset, sample_text
+    from pipetrain.cli.train_optimizer import training_factories
     from pipetrain.launch import free_port
     from pipetrain.runtime.process_group import init_distributed
 
@@ -81,14 +81,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, arguments = pipeline_model(config, model_config, dataset,
                                           vocab_size=tokenizer.vocab_size, num_stages=1)
-        for training_only in ("optimizer", "lr_scheduler"):  # a model file's
-            arguments.pop(training_only, None)
-        pipe = Pipeline(model, **arguments, optimizer=lambda p: torch.optim.AdamW(p),
+        # the run's own optimizer and schedule: the checkpoint holds their state
+        optimizer, lr_scheduler, _ = training_factories(config, arguments)
+        pipe = Pipeline(model, **arguments, optimizer=optimizer, lr_scheduler=lr_scheduler,
                         config=PipelineConfig(num_stages=1, num_microbatches=1), context=context)
         pipe.load(checkpoint, set_aside=False)  # a training job may be writing it
         text = sample_text(pipe, tokenizer, prompt=args.prompt, num_tokens=args.bytes,
                            temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-                           context=config.context)
+                           context=config.context,
+                           positions=getattr(dataset, "boundaries", False))
         sys.stdout.write(text + "\n")
         pipe.close()
     finally:

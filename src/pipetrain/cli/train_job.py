@@ -412,7 +412,9 @@ class _Run:
                                     "checkpoint_step": self.saved_step}
             self._pictures()
         try:
-            sample = _sample(self.pipe, self.args, self.tokenizer) if self.args.sample_bytes else None
+            sample = (_sample(self.pipe, self.args, self.tokenizer,
+                              positions=getattr(self.dataset, "boundaries", False))
+                      if self.args.sample_bytes else None)
         except Exception as error:
             self._write_failure(error)
             raise RunStopped(
@@ -426,6 +428,7 @@ class _Run:
         return 0
 
 
-def _sample(pipe: Pipeline, args: RunConfig, tokenizer: RunTokenizer) -> str:
+def _sample(pipe: Pipeline, args: RunConfig, tokenizer: RunTokenizer, *, positions: bool) -> str:
     return sample_text(pipe, tokenizer, prompt="def ", num_tokens=args.sample_bytes,
-                       temperature=0.8, top_k=40, seed=args.seed, context=args.context)
+                       temperature=0.8, top_k=40, seed=args.seed, context=args.context,
+                       positions=positions)
