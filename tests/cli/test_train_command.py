@@ -50,6 +50,9 @@ def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
     assert metrics["stopped"]["reason"] == "finished" and metrics["checkpoint"]["step"] == 12
     assert [m["stages"] for m in metrics["memory"]] == [[0], [1]]
     assert all(m["peak_memory_bytes"] > 10_000_000 for m in metrics["memory"])
+    # each rank's failure detector: a heartbeat, a neighbour, the root-cause key, every 0.5 s
+    assert [m["rank"] for m in metrics["monitor"]] == [0, 1]
+    assert all(2.0 < m["store_calls_per_s"] < 12.0 for m in metrics["monitor"]), metrics["monitor"]
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((out / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}

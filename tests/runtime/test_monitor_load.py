@@ -27,9 +27,13 @@ def _calls_per_interval(world_size: int, seconds: float = 1.0) -> float:
     began = [m.bounded.calls for m in monitors]
     time.sleep(seconds)
     calls = [m.bounded.calls - b for m, b in zip(monitors, began)]
+    rates = sorted(m.calls_per_second() for m in monitors)
     for monitor in monitors:
         monitor.stop()
-    return sorted(calls)[len(calls) // 2] / (seconds / INTERVAL)
+    per_interval = sorted(calls)[len(calls) // 2] / (seconds / INTERVAL)
+    # the rate a job records (metrics.json's monitor): the same load, per second
+    assert 0.7 < rates[len(rates) // 2] * INTERVAL / per_interval < 1.3, (rates[:3], per_interval)
+    return per_interval
 
 
 def test_a_ranks_store_calls_do_not_grow_with_the_number_of_ranks() -> None:

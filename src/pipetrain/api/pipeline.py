@@ -268,6 +268,12 @@ class Pipeline:
         :class:`~pipetrain.runtime.errors.PeerFailure` naming the rank that died."""
         return self._monitor.guard() if self._monitor is not None else contextlib.nullcontext()
 
+    @property
+    def store_calls_per_second(self) -> float | None:
+        """This rank's failure detector's calls to the c10d store per second so far (None:
+        no detector runs, e.g. one process)."""
+        return self._monitor.calls_per_second() if self._monitor is not None else None
+
     def at_forced_exit(self, callback: Callable[[PeerFailure], None]) -> None:
         """Call ``callback(failure)`` just before ``config.exit_when_stuck`` ends this
         process (from the monitor's thread, 10 s at most), e.g. to write what the run has.

@@ -405,8 +405,12 @@ class _Run:
         with self.pipe.guard():
             dist.all_gather_object(memory, {"rank": self.rank,
                                             "stages": list(self.pipe.local_stages),
-                                            "peak_memory_bytes": peak_memory_bytes(self.pipe.device)})
+                                            "peak_memory_bytes": peak_memory_bytes(self.pipe.device),
+                                            "store_calls_per_s": self.pipe.store_calls_per_second})
         if self.records is not None:
+            self.records.monitor = [{"rank": entry["rank"],
+                                     "store_calls_per_s": entry.pop("store_calls_per_s")}
+                                    for entry in memory]
             self.records.memory = memory
             self.records.stopped = {"reason": "finished", "at_step": self.pipe.step,
                                     "checkpoint_step": self.saved_step}

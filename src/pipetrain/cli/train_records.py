@@ -122,6 +122,8 @@ class RunRecords:
         """The step of the run's newest checkpoint (None before the first save)."""
         self.stopped: dict[str, Any] | None = None
         self.memory: list[Any] | None = None
+        self.monitor: list[Any] | None = None
+        """Per rank, the failure detector's store calls per second (at the run's end)."""
         self.sample: str | None = None
         """The sampled text (written to ``sample.txt`` too)."""
         self.schedule: Callable[[], Schedule] | None = None
@@ -247,6 +249,7 @@ class RunRecords:
             "stopped": self.stopped,
             "restarts": self.restarts,
             "memory": self.memory,
+            "monitor": self.monitor,
             "sample": self.sample,
         }
 

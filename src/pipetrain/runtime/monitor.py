@@ -125,6 +125,14 @@ class PeerMonitor:
         self._acknowledged = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipetrain-monitor", daemon=True)
+        self._load = (0, 0.0)
+        """The heartbeat loop's store calls, and the seconds it has run."""
+
+    def calls_per_second(self) -> float:
+        """The heartbeat loop's calls to the store per second so far (its load on the
+        store: a constant, whatever the job's size; 0.0 before the first beat)."""
+        calls, seconds = self._load
+        return calls / seconds if seconds > 0 else 0.0
 
     # -- keys -------------------------------------------------------------------------
     def _key(self, *parts: object) -> str:
@@ -320,6 +328,7 @@ class PeerMonitor:
         others = self.watched()
         last_value: dict[int, bytes | None] = {r: None for r in others}
         last_change = {r: time.monotonic() for r in others}
+        began, calls_before = time.monotonic(), self.bounded.calls
         while not self._stopped.wait(self.interval):
             try:
                 self.bounded.add(beat_key, 1)
@@ -332,6 +341,7 @@ class PeerMonitor:
                 self._fail(self._store_failure(error))
                 return
             now = time.monotonic()
+            self._load = (self.bounded.calls - calls_before, now - began)
             for r, value in zip(present, values):
                 if value != last_value[r]:
                     last_value[r] = value
