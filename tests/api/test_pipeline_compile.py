@@ -13,20 +13,21 @@ pytestmark = pytest.mark.distributed
 
 
 def test_compiled_stages_train_as_one_eager_process() -> None:
-    """2 stages, 1F1B, compiled, in the same two workers: the GPT with tied embeddings and
-    two sequence lengths (the second recompiles with dynamic dims), then Hugging Face GPT-2
-    (captured, tied embeddings) for one step. Each has the losses and weights of plain eager
-    training in one process (inductor's fp32 kernels may order sums differently: within
-    1e-5), every rank compiled graphs for it, and none reached the recompile limit (after
-    which torch.compile would run eager without a word)."""
+    """2 stages, 1F1B, compiled, in the same two workers, one step each: the GPT with tied
+    embeddings on 7 sequences (micro-batches of 4 and 3: the second shape recompiles with
+    dynamic dims), then Hugging Face GPT-2 (captured, tied embeddings) on 8. Each has the
+    losses and weights of plain eager training in one process (inductor's fp32 kernels may
+    order sums differently: within 1e-5), every rank compiled graphs for it, and none
+    reached the recompile limit (after which torch.compile would run eager without a
+    word)."""
     pytest.importorskip("transformers")
     from helpers.frontend_jobs import lm_reference
 
     hf_config = {"kind": "gpt2", "split": True, "schedule": "1f1b", "num_stages": 2,
-                 "num_microbatches": 2, "checkpoint": "except_last"}
-    results = run_workers(compiled_jobs, 2, {"num_stages": 2, "num_microbatches": 2}, 2,
+                 "num_microbatches": 2, "checkpoint": "except_last", "batch": 8}
+    results = run_workers(compiled_jobs, 2, {"num_stages": 2, "num_microbatches": 2}, 1,
                           hf_config, 1, timeout=900)
-    references = {"gpt": gpt_reference(2), "hf": lm_reference("gpt2", 1)[:2]}
+    references = {"gpt": gpt_reference(1), "hf": lm_reference("gpt2", 1, batch=8)[:2]}
     for model, (params, losses) in references.items():
         merged = {k: v for rank in results for k, v in rank[model][0].items()}
         assert set(merged) == set(params), (model, set(merged) ^ set(params))

@@ -74,13 +74,13 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5, momentum=0.9)
 
 
-def lm_reference(kind: str, steps: int) -> tuple[Params, list[float], nn.Module]:
+def lm_reference(kind: str, steps: int, *, batch: int = 7) -> tuple[Params, list[float], nn.Module]:
     """Plain single-process training: the state dict after ``steps`` steps, the losses,
     and the trained model."""
     model = hf_model(kind)
     opt = sgd(model.parameters())
     losses = []
-    for x, y in lm_batches(steps):
+    for x, y in lm_batches(steps, batch=batch):
         loss = lm_loss(model(x, use_cache=False), y)
         losses.append(loss.item())
         opt.zero_grad()
@@ -105,8 +105,9 @@ def hf_parity_job(ctx: Any, configs: list[dict[str, Any]], steps: int) -> list[d
         fields = dict(entry)
         kind, split = fields.pop("kind"), fields.pop("split")
         dropout = bool(fields.pop("dropout", False))
+        batch = int(fields.pop("batch", 7))
         config = PipelineConfig(**fields)
-        batches = lm_batches(steps)
+        batches = lm_batches(steps, batch=batch)
         pipe = Pipeline(hf_model(kind, dropout=dropout), example_inputs=(batches[0][0],),
                         split_points=SPLITS[kind][config.num_model_stages] if split else None,
                         loss_fn=lm_loss, optimizer=sgd, config=config, context=ctx)
