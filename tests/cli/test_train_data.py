@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -69,6 +70,23 @@ def _config(path: Path, function: str) -> RunConfig:
     return config
 
 
+def _one_process(user: Any, batches: list[tuple[Any, torch.Tensor]]) -> list[float]:
+    """The losses of the model file's model trained on ``batches`` in this process, as
+    ``pipetrain train`` trains it (its optimizer, gradients clipped to norm 1)."""
+    from pipetrain.cli.user_models import lm_loss
+
+    optimizer = user.optimizer(user.model.parameters())
+    losses = []
+    for x, y in batches:
+        loss = lm_loss(user.model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(user.model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses
+
+
 def test_a_list_of_documents_is_packed_and_its_record_says_so(tmp_path: Path) -> None:
     path = tmp_path / "model.py"
     path.write_text(_MODEL_FILE)
@@ -105,18 +123,10 @@ def test_packed_documents_with_their_boundaries_train_from_the_command_line(tmp_
     config = _config(path, "kept")
     dataset, _ = run_dataset(config)
     user = build_user_model(config, vocab_size=256)
-    optimizer = user.optimizer(user.model.parameters())
-    losses, crossing = [], []
-    for step in range(2):
-        x, y = dataset.batch(step, 4)
-        with torch.no_grad():
-            crossing.append(lm_loss(user.model(x["input_ids"]), y).item())
-        loss = lm_loss(user.model(x), y)
-        losses.append(loss.item())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(user.model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+    batches = [dataset.batch(step, 4) for step in range(2)]
+    with torch.no_grad():
+        crossing = [lm_loss(user.model(x["input_ids"]), y).item() for x, y in batches[:1]]
+    losses = _one_process(user, batches)
     recorded = recorded_losses(tmp_path / "run")
     assert len(recorded) == 2 and abs(crossing[0] - losses[0]) > 1e-4
     for step, (a, b) in enumerate(zip(losses, recorded)):
@@ -140,21 +150,13 @@ def test_padded_documents_train_as_one_process_through_a_resume(tmp_path: Path) 
     assert [s["step"] for s in metrics["steps"]] == [1, 2, 3, 4]
     assert all("val_loss" in s for s in metrics["steps"][1::2])
 
-    from pipetrain.cli.user_models import build_user_model, lm_loss
+    from pipetrain.cli.user_models import build_user_model
 
     config = _config(path, "build")
     dataset, _ = run_dataset(config)
     user = build_user_model(config, vocab_size=256)
     batches = [dataset.batch(step, 4) for step in range(4)]
     assert len({x.shape[1] for x, _ in batches}) > 1  # the length changes with the step
-    optimizer = user.optimizer(user.model.parameters())
-    losses = []
-    for x, y in batches:
-        loss = lm_loss(user.model(x), y)
-        losses.append(loss.item())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(user.model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+    losses = _one_process(user, batches)
     for step, (a, b) in enumerate(zip(losses, recorded_losses(tmp_path / "run"))):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step + 1}: {b} vs one process {a}"
