@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from pipetrain.runtime.distributed import DistTransport
 from pipetrain.runtime.errors import PipelineError
@@ -163,6 +164,46 @@ def dies_mid_message_job(ctx: Any, receive_thread: bool) -> tuple[str, float] | 
     finally:
         transport.close()
     return None
+
+
+def sent_buffers_job(ctx: Any) -> list[bool] | None:
+    """Rank 0 (stage 0) sends four activations apart from their headers; rank 1 takes the
+    first two and answers micro-batch 1's gradient. Rank 0 reports, after that answer and
+    before the end of the step (``flush``), which of its sent tensors are still alive."""
+    placement = Placement.single([0, 1])
+    forward, backward = Channel(ACTIVATION, 0, 1), Channel(GRADIENT, 1, 0)
+    inbound, outbound = ([backward], [forward]) if ctx.rank == 0 else ([forward], [backward])
+    transport = DistTransport(placement=placement, inbound=inbound, outbound=outbound, timeout=60,
+                              inline_limit=0, receive_thread=False)
+    alive: list[bool] | None = None
+    try:
+        if ctx.rank == 0:
+            transport.expect(backward, [1])
+            refs = []
+            for i in range(4):
+                sent = torch.full((256, 256), float(i))
+                refs.append(StorageWeakRef(sent.untyped_storage()))  # the memory, not the object
+                transport.send(forward, i, sent)
+                del sent
+            transport.recv(backward, 1)
+            deadline = time.monotonic() + 10
+            while not all(r.expired() for r in refs[:2]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            alive = [not r.expired() for r in refs]
+        else:
+            transport.expect(forward, range(4))
+            for i in range(2):
+                assert float(transport.recv(forward, i)[0, 0]) == i
+            transport.send(backward, 1, torch.ones(3))
+            dist.barrier()
+            for i in range(2, 4):
+                assert float(transport.recv(forward, i)[0, 0]) == i
+        if ctx.rank == 0:
+            dist.barrier()
+        transport.flush()
+    finally:
+        transport.close()
+    return alive
 
 
 CUDA_PATHS: tuple[tuple[str, dict[str, Any]], ...] = (

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from helpers.distributed import run_workers
-from helpers.transport_jobs import NUM_MICROBATCHES, PATHS, dies_mid_message_job, every_path_job
+from helpers.transport_jobs import (
+    NUM_MICROBATCHES,
+    PATHS,
+    dies_mid_message_job,
+    every_path_job,
+    sent_buffers_job,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -33,3 +39,10 @@ def test_a_peer_that_dies_mid_message_is_named_within_a_bound(receive_thread: bo
     assert message.startswith("PeerFailure") and "rank 1" in message, message
     assert seconds < 30, f"the receiver took {seconds:.0f} s to notice"
     assert outcome[1][0] == "missing"  # killed
+
+
+def test_a_sent_tensor_is_freed_once_its_peer_has_taken_it() -> None:
+    """Not at the end of the step: over a step of M micro-batches, holding every sent
+    message until then grew each stage's memory by M messages."""
+    alive = run_workers(sent_buffers_job, 2, timeout=120)[0]
+    assert alive == [False, False, True, True], alive

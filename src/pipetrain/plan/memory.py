@@ -8,6 +8,8 @@ CUDA's caching allocator books are wanted (torchgpipe's size weights), each stor
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from types import TracebackType
@@ -16,12 +18,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from pipetrain.nested import iter_tensors
 
 __all__ = [
     "OPTIMIZERS",
     "OptimizerFactory",
     "SavedTensors",
+    "TransientBytes",
     "cuda_block_bytes",
     "graph_leaves",
     "latent_bytes",
@@ -205,3 +210,68 @@ def latent_bytes(layer: nn.Module, value: Any) -> tuple[int, Any]:
     latent = storage_bytes((*outputs, *saved.tensors, *held), exclude=before,
                            booked=cuda_block_bytes)
     return latent, output
+
+
+class TransientBytes(TorchDispatchMode):
+    """The most memory a region of code needs above what it starts and ends with.
+
+    Every storage an operation creates inside the ``with`` block is counted from its
+    creation until it is freed; ``released`` tensors (e.g. the activations a backward
+    frees as it goes) count negatively once freed. :meth:`peak` is the highest running
+    total, leaving out the storages that ``kept`` names (what outlives the region on
+    purpose, e.g. the parameters' gradients, which a pipeline keeps between steps).
+    Outputs that share storage with an input (in-place operations, views) are not new.
+
+    Example:
+        >>> x = torch.randn(256, 256)
+        >>> with TransientBytes() as region:
+        ...     y = (x * 2).sum()   # a 256 KiB temporary, freed at once
+        >>> region.peak() >= 256 * 256 * 4, region.peak(kept=[y]) >= 256 * 256 * 4
+        (True, True)
+    """
+
+    def __init__(self, released: Iterable[Tensor] = ()) -> None:
+        super().__init__()
+        self._events: list[tuple[int, int]] = []  # (serial, +bytes created / -bytes freed)
+        self._alive: dict[int, tuple[int, Any]] = {}  # storage address -> (serial, weak ref)
+        self._serials = itertools.count()
+        for tensor in released:
+            self._watch(tensor, created=False)
+
+    def _watch(self, tensor: Tensor, *, created: bool) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        address = storage._cdata
+        if address in self._alive:
+            return
+        serial, size = next(self._serials), storage.nbytes()
+        if created:
+            self._events.append((serial, size))
+
+        def freed(_: Any) -> None:
+            self._alive.pop(address, None)
+            self._events.append((serial, -size))
+
+        self._alive[address] = (serial, weakref.ref(storage, freed))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage()._cdata for t in iter_tensors((args, kwargs))
+                  if t.layout == torch.strided}
+        for tensor in iter_tensors(out):
+            if tensor.layout == torch.strided and tensor.untyped_storage()._cdata not in inputs:
+                self._watch(tensor, created=True)
+        return out
+
+    def peak(self, kept: Iterable[Tensor] = ()) -> int:
+        """The highest running total of bytes, leaving out the storages of ``kept``."""
+        skip = {self._alive[address][0] for address in
+                (t.untyped_storage()._cdata for t in kept if t is not None) if address in self._alive}
+        total = best = 0
+        for serial, change in self._events:
+            if serial not in skip:
+                total += change
+                best = max(best, total)
+        return best

@@ -51,6 +51,7 @@ from pipetrain.runtime.links import (
     post_batch,
     wait_work,
 )
+from pipetrain.runtime.sends import SendsInFlight
 from pipetrain.runtime.transport import Channel, Mailbox, Placement
 from pipetrain.runtime.wire import DEVICE, encode, encode_notice
 
@@ -125,9 +126,8 @@ class DistTransport:
         self._inbound = {c.tag: c for c in inbound}
         self._links: dict[int, InboundLink] = {}
         self._threads: list[threading.Thread] = []
-        self._pending: collections.deque[tuple[list[tuple[Any, Any]], list[torch.Tensor], int]] = (
-            collections.deque())
-        """Posted sends: ((work, timeout) pairs, tensors kept alive until done, destination)."""
+        self._sends = SendsInFlight(wait=self._wait, fail=self._fail, limit=_MAX_PENDING_SENDS)
+        """Posted sends, their buffers kept alive until each is done."""
         self._wait_timeout = datetime.timedelta(seconds=timeout)
 
     def _data_group(self, src: int, dst: int) -> Any:
@@ -266,18 +266,16 @@ class DistTransport:
                    for route, t in encoded.apart if t.numel()]  # an empty tensor is not sent
             if ops:
                 timed.extend((w, self._timeout_of(g)) for w, g in post_batch(ops))
-        self._pending.append((timed, tensors, dst))
-        while len(self._pending) > _MAX_PENDING_SENDS:
-            self._finish_oldest()
+        self._sends.add(dst, timed, tensors)
 
-    def _finish_oldest(self) -> None:
-        works, _, dst = self._pending.popleft()
-        for work, timeout in works:
-            self._wait(work, timeout, dst)
+    def _raise_failure(self) -> None:
+        if self.mailbox.error is not None:
+            raise self.mailbox.error
+        if self._check is not None:
+            self._check()
 
     def flush(self) -> None:
-        while self._pending:
-            self._finish_oldest()
+        self._sends.drain(check=self._raise_failure)
 
     def close(self) -> None:
         for link in self._links.values():
@@ -286,5 +284,5 @@ class DistTransport:
             thread.join(timeout=1.0)
         self._threads.clear()
         self._links.clear()
-        self._pending.clear()
+        self._sends.close()
         self.mailbox.clear()
