@@ -56,3 +56,25 @@ def test_too_many_cuts_is_refused_with_advice() -> None:
     with pytest.raises(ValueError, match=r"more than 100 cuts.*compress_branches"):
         CutGraph(wide, max_cuts=100)
     assert CutGraph(wide, max_cuts=257).num_cuts == 257
+
+
+def test_a_stage_s_workspace_is_its_largest_node_s() -> None:
+    """A backward runs one node at a time: a stage needs the most any of its nodes needs."""
+    sizes = [5, 1, 9, 2, 7]
+    g = CutGraph(Profile(layers=tuple(
+        LayerProfile(name=str(k), forward_s=1.0, backward_s=1.0, backward_workspace_bytes=w,
+                     backward_input_workspace_bytes=2 * w) for k, w in enumerate(sizes))))
+    for a in range(g.full):
+        ends = list(g.supersets(a))
+        expected = [float(max(sizes[a:b])) for b in ends]
+        assert g.max_column("workspace_bytes", a, ends) == expected
+        assert [g.stage_max("workspace_bytes", a, b) for b in ends] == expected
+        assert g.load(a, ends[-1]).input_workspace_bytes == 2 * expected[-1]
+    diamond = CutGraph(Profile(
+        layers=tuple(LayerProfile(name=n, forward_s=1.0, backward_s=1.0,
+                                  backward_workspace_bytes=w) for n, w in zip("abcd", (1, 8, 3, 2))),
+        edges=((0, 1), (0, 2), (1, 3), (2, 3))))
+    starts_after_a = [c for c in range(diamond.num_cuts) if diamond.nodes_between(0, c) == [0]][0]
+    ends = list(diamond.supersets(starts_after_a))
+    assert diamond.max_column("workspace_bytes", starts_after_a, ends) == [
+        float(max([1, 8, 3, 2][v] for v in diamond.nodes_between(starts_after_a, b))) for b in ends]

@@ -69,3 +69,15 @@ def test_v_schedules_in_bytes_against_1f1b(k: int) -> None:
 def test_one_entry_per_stage() -> None:
     with pytest.raises(ValueError, match="the schedule has 2 stages, got 1 stage sizes"):
         activation_peaks(one_f_one_b(2, 2), [StageBytes(saved=1.0)])
+
+
+def test_a_running_backward_adds_its_workspace_to_what_its_rank_holds() -> None:
+    """1F1B on 2 ranks: rank 0 holds 2 micro-batches when its first B runs (the peak);
+    a whole backward adds ``workspace``, an input-gradient pass ``input_workspace``."""
+    held = StageBytes(saved=10.0)
+    plain = activation_peaks(one_f_one_b(2, 4), [held] * 2).per_rank
+    assert plain == (20.0, 10.0)
+    busy = StageBytes(saved=10.0, workspace=3.0, input_workspace=5.0)
+    assert activation_peaks(one_f_one_b(2, 4), [busy] * 2).per_rank == (23.0, 13.0)
+    split = activation_peaks(zb_h1(2, 4), [busy] * 2).per_rank
+    assert split == tuple(p + 5.0 for p in activation_peaks(zb_h1(2, 4), [held] * 2).per_rank)

@@ -124,6 +124,11 @@ class StageLoad:
     """Bytes of the parameters' gradients (what a replicated stage all-reduces)."""
     optimizer_step_s: float = 0.0
     """Seconds of one optimizer step over the stage's parameters (0: not measured)."""
+    workspace_bytes: float = 0.0
+    """The temporary memory of the stage's whole backward: its largest node's (0: not
+    measured)."""
+    input_workspace_bytes: float = 0.0
+    """Likewise for the input-gradient pass of a split backward."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -158,6 +163,8 @@ class StageRow:
     backward_weight_s: Sequence[float] = ()
     gradient_bytes: Sequence[float] = ()
     optimizer_step_s: Sequence[float] = ()
+    workspace_bytes: Sequence[float] = ()
+    input_workspace_bytes: Sequence[float] = ()
     cache: dict[object, object] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -180,6 +187,9 @@ class StageRow:
             backward_weight_s=self.backward_weight_s[k] if self.backward_weight_s else 0.0,
             gradient_bytes=self.gradient_bytes[k] if self.gradient_bytes else 0.0,
             optimizer_step_s=self.optimizer_step_s[k] if self.optimizer_step_s else 0.0,
+            workspace_bytes=self.workspace_bytes[k] if self.workspace_bytes else 0.0,
+            input_workspace_bytes=(self.input_workspace_bytes[k] if self.input_workspace_bytes
+                                   else 0.0),
         )
 
     @staticmethod
@@ -205,6 +215,8 @@ class StageRow:
             backward_weight_s=[x.backward_weight_s for x in loads],
             gradient_bytes=[x.gradient_bytes for x in loads],
             optimizer_step_s=[x.optimizer_step_s for x in loads],
+            workspace_bytes=[x.workspace_bytes for x in loads],
+            input_workspace_bytes=[x.input_workspace_bytes for x in loads],
         )
 
 

@@ -31,7 +31,9 @@ micro-batches in flight, ``k`` of them: ``gpipe`` all ``n``; ``1f1b``, ``pipedre
 for ``W`` workers in all (every stage as its first: the paper's ``min(K, M)`` from ``F``
 to ``W``); ``zb-h2`` ``min(ceil((2W - 1) / r), n)`` (its larger budget, the paper's
 ``2K - 1``). A micro-batch keeps its input and the stage's saved activations, or only its
-input when re-materialized (:func:`activation_bytes`).
+input when re-materialized (:func:`activation_bytes`); while a backward runs, the stage
+also needs its temporary memory (the profile's largest ``backward_workspace_bytes`` of the
+stage, or ``backward_input_workspace_bytes`` where the schedule splits the backward).
 
 Example:
     >>> from pipetrain.plan.costs import LevelContext, StageLoad
@@ -43,6 +45,9 @@ Example:
     1.2
     >>> model.stage_memory(load, replicas=2, workers_from_stage=2)  # 2 micro-batches each
     200.0
+    >>> from dataclasses import replace  # and a backward's temporaries while it runs
+    >>> model.stage_memory(replace(load, workspace_bytes=30.0), replicas=2, workers_from_stage=2)
+    230.0
 """
 
 from __future__ import annotations
@@ -331,6 +336,9 @@ class PipetrainCostModel:
                          workers_from_stage=workers_from_stage, num_workers=self.num_workers)
         activations = activation_bytes(c.schedule, c.checkpoint, kept=kept,
                                        saved_bytes=load.saved_bytes, input_bytes=load.input_bytes)
+        if kept > 0:
+            activations += (load.input_workspace_bytes if splits_backward(c.schedule)
+                            else load.workspace_bytes)
         versions = weight_versions(c.schedule, kept) * load.parameter_bytes
         return weights_held(load, replicas, c.data_parallel) + versions + activations
 

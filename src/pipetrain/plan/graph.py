@@ -46,6 +46,11 @@ _SUMS = (
 )
 
 
+_MAXES = ("workspace_bytes", "input_workspace_bytes")
+"""What a stage takes the largest of over its nodes: the temporary memory of a backward,
+which runs one node at a time."""
+
+
 def _values(layer: LayerProfile) -> list[float]:
     """One layer's value of each of ``_SUMS``; a backward's halves not measured are half
     the backward each for a layer with parameters (all of it input gradients without),
@@ -110,6 +115,11 @@ class CutGraph:
         self.is_chain = len(self.cuts) == n + 1
         """Whether the cuts are nested (a sequence, or a DAG with one topological order)."""
         self._supersets: list[Sequence[int]] | None = None
+        layers = profile.layers
+        self._maxes = {
+            "workspace_bytes": [float(x.backward_workspace_bytes or 0) for x in layers],
+            "input_workspace_bytes": [float(x.backward_input_workspace_bytes or 0) for x in layers],
+        }
 
     # -- construction ----------------------------------------------------------------------
     def _enumerate(self, max_cuts: int) -> None:
@@ -205,6 +215,24 @@ class CutGraph:
             return tuple(nodes)
         return tuple(self.profile.layers[v].name for v in nodes)
 
+    def stage_max(self, name: str, a: int, b: int) -> float:
+        """The largest ``name`` (:data:`_MAXES`: a node's temporary memory) of a stage's nodes."""
+        values = self._maxes[name]
+        return max((values[v] for v in self.nodes_between(a, b)), default=0.0)
+
+    def max_column(self, name: str, a: int, ends: Sequence[int]) -> list[float]:
+        """:meth:`stage_max` from cut ``a`` to each of ``ends`` (ascending), in one pass
+        where the cuts are nested."""
+        if not self.is_chain:
+            return [self.stage_max(name, a, b) for b in ends]
+        values, order, out, best, done = self._maxes[name], self.topological_order, [], 0.0, a
+        for b in ends:  # a chain's cut k holds the first k nodes of the topological order
+            for v in order[done:b]:
+                best = max(best, values[v])
+            done = b
+            out.append(best)
+        return out
+
     def stage_sum(self, name: str, a: int, b: int) -> float:
         """The sum of ``name`` (one of ``compute_s``, ``parameter_bytes``,
         ``activation_bytes``, ``weight_memory_bytes``, ``saved_bytes``, ``forward_s``,
@@ -230,6 +258,8 @@ class CutGraph:
             backward_weight_s=self.stage_sum("backward_weight_s", a, b),
             gradient_bytes=self.stage_sum("gradient_bytes", a, b),
             optimizer_step_s=self.stage_sum("optimizer_step_s", a, b),
+            workspace_bytes=self.stage_max("workspace_bytes", a, b),
+            input_workspace_bytes=self.stage_max("input_workspace_bytes", a, b),
         )
 
     def contains(self, a: int, b: int) -> bool:

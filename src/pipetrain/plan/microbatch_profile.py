@@ -108,6 +108,8 @@ def microbatch_profile(profile: Profile, num_microbatches: int) -> Profile:
             backward_weight_s=scale(layer.backward_weight_s, layer.microbatch_backward_weight_s),
             output_bytes=round(layer.output_bytes * share),
             saved_bytes=round(layer.saved_bytes * share),
+            backward_workspace_bytes=_bytes_at(layer.backward_workspace_bytes, share),
+            backward_input_workspace_bytes=_bytes_at(layer.backward_input_workspace_bytes, share),
             microbatch_forward_s=None,
             microbatch_backward_s=None,
             microbatch_backward_input_s=None,
@@ -121,3 +123,8 @@ def microbatch_profile(profile: Profile, num_microbatches: int) -> Profile:
         microbatch_size=None,
         metadata={**profile.metadata, "microbatch_size": b, "num_microbatches": num_microbatches},
     )
+
+
+def _bytes_at(whole: int | None, share: float) -> int | None:
+    """Bytes that grow with the batch, at ``share`` of it (None stays None)."""
+    return None if whole is None else round(whole * share)

@@ -73,6 +73,13 @@ class LayerProfile:
     """Bytes of the optimizer's state for these parameters (Adam: twice the parameters)."""
     saved_bytes: int = 0
     """Bytes of activations the node keeps from its forward for its backward."""
+    backward_workspace_bytes: int | None = None
+    """The most bytes its whole backward needs above what the micro-batch holds before it
+    and leaves after it (temporaries; gradients of parameters not counted; None: not
+    measured)."""
+    backward_input_workspace_bytes: int | None = None
+    """Likewise for the input-gradient pass of a split backward, with what that pass keeps
+    for the weight pass (None: not measured)."""
     microbatch_forward_s: float | None = None
     """Seconds of the forward pass of one micro-batch of the profile's ``microbatch_size``
     samples (None: not measured); the other ``microbatch_*`` times likewise."""

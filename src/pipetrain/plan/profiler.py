@@ -42,6 +42,13 @@ later input needs one where the previous output did. What each field counts:
     what they keep together, each storage once, but for the run's input where the layer
     before the run counted it (a stage also holds its input and output in flight).
     Tied parameters (GPT's embedding and head) count in each layer that holds them.
+``backward_workspace_bytes`` / ``backward_input_workspace_bytes``
+    the most memory the whole backward (and, for a layer with trainable parameters, the
+    input-gradient pass of the split backward) needs above what the layer holds when it
+    starts: every storage the pass creates counted until freed, the saved activations it
+    frees counted off, the parameters' gradients left out (a pipeline keeps them between
+    steps). :class:`~pipetrain.plan.memory.TransientBytes` counts them; the simulator adds
+    them to a stage's held activations while its backward runs.
 
 Sizes are for ``batch_size`` samples; ``microbatch_size``, when given, adds the four
 ``microbatch_*_s`` times measured on its first ``microbatch_size`` samples (small
@@ -83,6 +90,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipetrain.backward.split import backward_input
 from pipetrain.microbatch import batch_size as rows_of
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.plan.measure import (
@@ -99,6 +107,7 @@ from pipetrain.plan.memory import (
     OPTIMIZERS,
     OptimizerFactory,
     SavedTensors,
+    TransientBytes,
     optimizer_state_bytes,
     storage_bytes,
     storage_key,
@@ -173,6 +182,8 @@ class _Memory:
     output: Any
     dtype: torch.dtype | None
     """The dtype of the layer's first floating-point parameter."""
+    backward_workspace: int = 0
+    input_workspace: int | None = None
 
 
 def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
@@ -210,9 +221,29 @@ def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
         output=run.detached_output(),
         dtype=floating[0] if floating else None,
     )
-    saved.tensors.clear()
-    run.backward([p for p in layer.parameters() if p.requires_grad])
+    trainable = [p for p in layer.parameters() if p.requires_grad]
+    with TransientBytes(released=saved.tensors) as region:
+        saved.tensors.clear()
+        run.backward(trainable)
+    memory.backward_workspace = region.peak(kept=[p.grad for p in trainable])
+    if trainable:
+        memory.input_workspace = _input_pass_workspace(layer, value, trainable, settings, loss_fn)
     return memory
+
+
+def _input_pass_workspace(layer: nn.Module, value: Any, trainable: list[nn.Parameter],
+                          settings: _Settings, loss_fn: LossFn | None) -> int:
+    """The temporary bytes of the split backward's input-gradient pass (with what it keeps
+    for the weight pass), the layer's gradients already allocated."""
+    run = Pass.prepare(value, settings.device)
+    with SavedTensors() as saved:
+        run.forward(layer, loss_fn, settings.targets[0])
+    with TransientBytes(released=saved.tensors) as region:
+        saved.tensors.clear()
+        _, weight = backward_input(run.roots, run.grads, run.leaves, trainable)
+    workspace = region.peak(kept=[p.grad for p in trainable])
+    weight.run()
+    return workspace
 
 
 def _times(timings: Timings, has_weights: bool, prefix: str) -> dict[str, float]:
@@ -271,6 +302,9 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
             trainable, settings.optimizer, device=settings.device, warmup=settings.warmup,
             repetitions=settings.repetitions, flush=settings.flush), digits=TIME_DIGITS),
         saved_bytes=memory.saved_bytes,
+        backward_workspace_bytes=memory.backward_workspace,
+        backward_input_workspace_bytes=(memory.backward_workspace if memory.input_workspace is None
+                                        else memory.input_workspace),
         spread=spread,
         **times,
     )

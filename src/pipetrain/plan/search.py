@@ -119,6 +119,8 @@ class FlatSearch:
             backward_weight_s=column("backward_weight_s"),
             gradient_bytes=column("gradient_bytes"),
             optimizer_step_s=column("optimizer_step_s"),
+            workspace_bytes=g.max_column("workspace_bytes", a, ends),
+            input_workspace_bytes=g.max_column("input_workspace_bytes", a, ends),
         )
 
     def load(self, a: int, b: int) -> StageLoad:

@@ -8,8 +8,8 @@ is re-materialized (``always``; ``except_last``: all but the stage's last micro-
 the rank), whose saved activations come back at its first backward action. With an
 offload budget ``b`` a stage keeps at most ``b`` bytes on its device, plus the
 micro-batch whose backward is running (brought back one action ahead). A rank's peak
-is the most its stages hold together, walking its actions in order (what the runtime
-keeps: transient buffers of a running backward are not counted).
+is the most its stages hold together, walking its actions in order, with the temporary
+memory of the backward that runs (:attr:`StageBytes.workspace`, from the profiler).
 
 Example:
     >>> from pipetrain.schedule.one_f_one_b import one_f_one_b
@@ -149,6 +149,24 @@ class StageBytes:
     """Its input (all a re-materialized micro-batch keeps)."""
     selective: float | None = None
     """Its saved activations under ``selective`` (None: as :attr:`saved`)."""
+    workspace: float = 0.0
+    """What its whole backward (``B``) needs above that while it runs (temporaries)."""
+    input_workspace: float | None = None
+    """Likewise for the input-gradient pass ``I`` of a split backward (None: as
+    :attr:`workspace`)."""
+
+    def transient(self, op: Op) -> float:
+        """Bytes a running ``op`` needs above what the stage holds.
+
+        Example:
+            >>> StageBytes(saved=10.0, workspace=2.0, input_workspace=3.0).transient(Op.BACKWARD_INPUT)
+            3.0
+        """
+        if op is Op.BACKWARD:
+            return self.workspace
+        if op is Op.BACKWARD_INPUT:
+            return self.workspace if self.input_workspace is None else self.input_workspace
+        return 0.0
 
     def kept(self, mode: str) -> float:
         """Bytes held from the forward to the backward under ``mode`` (a micro-batch that
@@ -224,6 +242,7 @@ def activation_peaks(
                 running[j] = whole
             resident = {s: _resident(h, budgets[s], running.get(s, 0.0))
                         for s, h in held.items()}
+            resident[j] = resident.get(j, 0.0) + stages[j].transient(a.op)
             for s, value in resident.items():
                 stage_peak[s] = max(stage_peak[s], value)
             peak = max(peak, sum(resident.values()))

@@ -119,7 +119,9 @@ def profile_costs(spec: ModelSpec, *, warmup: int, repetitions: int) -> ModelCos
                              for p in layers),
         backward_weight=tuple(p.backward_weight_s or 0.0 for p in layers),
         step=tuple(p.optimizer_step_s or 0.0 for p in layers),
-        activation_bytes=tuple(p.saved_bytes for p in layers))
+        activation_bytes=tuple(p.saved_bytes for p in layers),
+        workspace_bytes=tuple(p.backward_workspace_bytes or 0 for p in layers),
+        input_workspace_bytes=tuple(p.backward_input_workspace_bytes or 0 for p in layers))
 
 
 class _Runner(PipetrainRunner):

@@ -57,7 +57,8 @@ action lists give its activations and weight versions held."""
 class ModelCosts:
     """Per layer, on one micro-batch: seconds of the forward, the whole backward, its
     input and weight halves (as the zero-bubble schedules split it), the optimizer step,
-    and the bytes of activations its forward saves for its backward.
+    the bytes of activations its forward saves for its backward, and the temporary bytes
+    its whole backward and its input-gradient pass need (empty: not measured).
 
     Example:
         >>> ModelCosts.uniform(2, forward=1.0, backward=2.0).backward_input
@@ -70,9 +71,12 @@ class ModelCosts:
     backward_weight: tuple[float, ...]
     step: tuple[float, ...]
     activation_bytes: tuple[int, ...]
+    workspace_bytes: tuple[int, ...] = ()
+    input_workspace_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        lengths = {name: len(value) for name, value in asdict(self).items()}
+        lengths = {name: len(value) for name, value in asdict(self).items()
+                   if value or name not in ("workspace_bytes", "input_workspace_bytes")}
         if len(set(lengths.values())) != 1 or not self.forward:
             raise ValueError(f"ModelCosts needs one value per layer in every field (at least "
                              f"one layer), got lengths {lengths}")

@@ -10,8 +10,9 @@ measures one step's peak: its resident set's growth above the start of the step
 (:class:`~pipetrain.bench.harness.PeakMemory`, malloc trimmed first). The simulator
 (:func:`pipetrain.schedule.activation_peaks`) gets each stage's saved bytes per
 micro-batch from the profiler (rank 0 profiles every layer on one micro-batch) and the
-same cut (:func:`~pipetrain.bench.cases._schedules_sim.stage_balance`); selective
-recomputation has no profiled figure and is measured only.
+same cut (:func:`~pipetrain.bench.cases._schedules_sim.stage_balance`), and the
+temporary memory of a running backward (the largest of the stage's layers', also
+profiled); selective recomputation has no profiled figure and is measured only.
 
 Every stage of the V schedules holds half a 1F1B stage's layers, so the V schedules'
 busiest rank compares with 1F1B's directly. ``--quick``: width 64, 64 tokens, P = 2.
@@ -24,14 +25,14 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
+from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
 from pipetrain.bench.cases._schedules_runs import ModelSpec, profile_costs
 from pipetrain.bench.cases._schedules_sim import ModelCosts, stage_balance
 from pipetrain.bench.harness import run_job
 from pipetrain.launch.processes import temporary_environment
 
-__all__ = ["CASE", "EXACT_MALLOC", "SIZES", "Run", "draw", "run", "runs", "simulated_mib",
-           "worker"]
+__all__ = ["CASE", "EXACT_MALLOC", "GOAL_DEVIATION", "GOAL_RATIO", "SIZES", "Run", "draw", "run",
+           "runs", "simulated_mib", "worker"]
 
 _MIB = float(1 << 20)
 
@@ -139,7 +140,11 @@ def simulated_mib(costs: ModelCosts, measured: Run, ranks: int) -> list[float] |
                               stages_per_rank=virtual, communication=False)
     stages, first = [], 0
     for count in balance:
-        stages.append(StageBytes(saved=float(sum(costs.activation_bytes[first:first + count]))))
+        layers = slice(first, first + count)
+        stages.append(StageBytes(saved=float(sum(costs.activation_bytes[layers])),
+                                 workspace=float(max(costs.workspace_bytes[layers], default=0)),
+                                 input_workspace=float(max(costs.input_workspace_bytes[layers],
+                                                           default=0))))
         first += count
     if len(modes) == 1:
         modes = modes * len(stages)
@@ -147,8 +152,15 @@ def simulated_mib(costs: ModelCosts, measured: Run, ranks: int) -> list[float] |
     return [p / _MIB for p in peaks]
 
 
+GOAL_RATIO = {"v-half": 0.55, "v-min": 0.40}
+"""The most each V schedule's busiest rank may hold, as a share of 1F1B's (Qi et al.,
+NeurIPS 2024: a half and a third of 1F1B's activations)."""
+GOAL_DEVIATION = 0.15
+"""The most a rank's measured peak may differ from the simulator's (relative)."""
+
+
 def _table(raw: dict[int, dict[str, Any]]) -> Table:
-    rows = []
+    rows, goals = [], []
     for ranks, result in sorted(raw.items()):
         costs = ModelCosts(**{k: tuple(v) for k, v in result["costs"].items()})
         measured_by = {key: [rank_peaks[key] for rank_peaks in result["peaks"]]
@@ -161,6 +173,13 @@ def _table(raw: dict[int, dict[str, Any]]) -> Table:
             simulated = simulated_mib(costs, configuration, ranks)
             deviation = (None if simulated is None else
                          max(abs(m / s - 1) for m, s in zip(measured, simulated)))
+            name = f"P={ranks} {configuration.schedule} {configuration.checkpoint}"
+            if configuration.schedule in GOAL_RATIO:
+                goals.append(Goal.at_most(f"{name}: busiest rank / 1f1b's", max(measured) / base,
+                                          GOAL_RATIO[configuration.schedule], unit="x"))
+            if deviation is not None:
+                goals.append(Goal.at_most(f"{name}: |measured / simulated - 1|", deviation,
+                                          GOAL_DEVIATION, unit="%"))
             rows.append([
                 ranks, configuration.schedule, configuration.checkpoint,
                 ", ".join(f"{m:.0f}" for m in measured), round(max(measured), 1),
@@ -180,10 +199,10 @@ def _table(raw: dict[int, dict[str, Any]]) -> Table:
         notes="Measured: each rank's resident-set growth over one step after two (weights, "
               "gradients, optimizer state and the step's messages included; the interpreter's "
               "and torch's own memory not). Simulated: each stage's saved bytes per "
-              "micro-batch from the profiler, held from its forward to its last backward "
-              "(transient buffers of a running backward not counted). The V schedules' stages "
-              "hold half a 1F1B stage each.",
-        key="activation_memory")
+              "micro-batch from the profiler, held from its forward to its last backward, "
+              "plus the profiled temporary memory of the backward that runs. The V "
+              "schedules' stages hold half a 1F1B stage each.",
+        key="activation_memory", goals=goals)
 
 
 def run(context: BenchContext) -> BenchResult:
