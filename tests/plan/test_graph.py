@@ -74,7 +74,7 @@ def test_a_stage_s_workspace_is_its_largest_node_s() -> None:
         layers=tuple(LayerProfile(name=n, forward_s=1.0, backward_s=1.0,
                                   backward_workspace_bytes=w) for n, w in zip("abcd", (1, 8, 3, 2))),
         edges=((0, 1), (0, 2), (1, 3), (2, 3))))
-    starts_after_a = [c for c in range(diamond.num_cuts) if diamond.nodes_between(0, c) == [0]][0]
+    starts_after_a = next(c for c in range(diamond.num_cuts) if diamond.nodes_between(0, c) == [0])
     ends = list(diamond.supersets(starts_after_a))
     assert diamond.max_column("workspace_bytes", starts_after_a, ends) == [
         float(max([1, 8, 3, 2][v] for v in diamond.nodes_between(starts_after_a, b))) for b in ends]

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipetrain.nested import iter_tensors
@@ -243,7 +242,9 @@ class TransientBytes(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        address = storage._cdata
+        address = storage.data_ptr()
+        if not address:  # empty: nothing held
+            return
         if address in self._alive:
             return
         serial, size = next(self._serials), storage.nbytes()
@@ -258,17 +259,18 @@ class TransientBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in iter_tensors((args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in iter_tensors((args, kwargs))
                   if t.layout == torch.strided}
         for tensor in iter_tensors(out):
-            if tensor.layout == torch.strided and tensor.untyped_storage()._cdata not in inputs:
+            if tensor.layout == torch.strided and tensor.untyped_storage().data_ptr() not in inputs:
                 self._watch(tensor, created=True)
         return out
 
     def peak(self, kept: Iterable[Tensor] = ()) -> int:
         """The highest running total of bytes, leaving out the storages of ``kept``."""
         skip = {self._alive[address][0] for address in
-                (t.untyped_storage()._cdata for t in kept if t is not None) if address in self._alive}
+                (t.untyped_storage().data_ptr() for t in kept if t is not None)
+                if address in self._alive}
         total = best = 0
         for serial, change in self._events:
             if serial not in skip:
