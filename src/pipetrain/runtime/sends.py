@@ -94,6 +94,8 @@ class SendsInFlight:
                 for work, timeout in works:
                     wait_work(work, timeout=timeout)
             except Exception as error:  # the peer failed: the main thread raises it
+                if self._closed:  # the transport was closed under a wait: nothing to report
+                    return
                 self._fail(error, dst)  # recorded before drain() can see _failed
                 with self._lock:
                     self._failed = True
