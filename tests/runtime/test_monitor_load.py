@@ -27,7 +27,7 @@ def _calls_per_interval(world_size: int, seconds: float = 1.0) -> float:
     began = [m.bounded.calls for m in monitors]
     time.sleep(seconds)
     calls = [m.bounded.calls - b for m, b in zip(monitors, began)]
-    rates = sorted(m.calls_per_second() for m in monitors)
+    rates = sorted(m.calls_per_second() or 0.0 for m in monitors)
     for monitor in monitors:
         monitor.stop()
     per_interval = sorted(calls)[len(calls) // 2] / (seconds / INTERVAL)

@@ -125,14 +125,15 @@ class PeerMonitor:
         self._acknowledged = threading.Event()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipetrain-monitor", daemon=True)
-        self._load = (0, 0.0)
-        """The heartbeat loop's store calls, and the seconds it has run."""
+        self._load = (0, 0)
+        """The heartbeat loop's store calls, and its beats (one per interval)."""
 
-    def calls_per_second(self) -> float:
-        """The heartbeat loop's calls to the store per second so far (its load on the
-        store: a constant, whatever the job's size; 0.0 before the first beat)."""
-        calls, seconds = self._load
-        return calls / seconds if seconds > 0 else 0.0
+    def calls_per_second(self) -> float | None:
+        """The heartbeat loop's calls to the store per second of heartbeat interval (its
+        load on the store: a constant, whatever the job's size; None before the first
+        beat, which comes as soon as the monitor starts)."""
+        calls, beats = self._load
+        return calls / (beats * self.interval) if beats else None
 
     # -- keys -------------------------------------------------------------------------
     def _key(self, *parts: object) -> str:
@@ -328,8 +329,8 @@ class PeerMonitor:
         others = self.watched()
         last_value: dict[int, bytes | None] = {r: None for r in others}
         last_change = {r: time.monotonic() for r in others}
-        began, calls_before = time.monotonic(), self.bounded.calls
-        while not self._stopped.wait(self.interval):
+        calls_before, beats = self.bounded.calls, 0
+        while beats == 0 or not self._stopped.wait(self.interval):  # the first beat at once
             try:
                 self.bounded.add(beat_key, 1)
                 keys = [self._key("beat", r) for r in others]
@@ -341,7 +342,8 @@ class PeerMonitor:
                 self._fail(self._store_failure(error))
                 return
             now = time.monotonic()
-            self._load = (self.bounded.calls - calls_before, now - began)
+            beats += 1
+            self._load = (self.bounded.calls - calls_before, beats)
             for r, value in zip(present, values):
                 if value != last_value[r]:
                     last_value[r] = value
