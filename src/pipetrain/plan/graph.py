@@ -116,10 +116,14 @@ class CutGraph:
         """Whether the cuts are nested (a sequence, or a DAG with one topological order)."""
         self._supersets: list[Sequence[int]] | None = None
         layers = profile.layers
-        self._maxes = {
-            "workspace_bytes": [float(x.backward_workspace_bytes or 0) for x in layers],
-            "input_workspace_bytes": [float(x.backward_input_workspace_bytes or 0) for x in layers],
-        }
+        self._maxes = {name: values if any(values) else [] for name, values in (
+            ("workspace_bytes", [float(x.backward_workspace_bytes or 0) for x in layers]),
+            ("input_workspace_bytes", [float(x.backward_input_workspace_bytes or 0)
+                                       for x in layers]),
+        )}
+        """Per node, each of :data:`_MAXES` (an empty list where no node has one)."""
+        self._largest_first = {name: sorted(range(len(values)), key=lambda v: -values[v])
+                               for name, values in self._maxes.items()}
 
     # -- construction ----------------------------------------------------------------------
     def _enumerate(self, max_cuts: int) -> None:
@@ -218,11 +222,18 @@ class CutGraph:
     def stage_max(self, name: str, a: int, b: int) -> float:
         """The largest ``name`` (:data:`_MAXES`: a node's temporary memory) of a stage's nodes."""
         values = self._maxes[name]
-        return max((values[v] for v in self.nodes_between(a, b)), default=0.0)
+        if not values:  # none measured: 0 without looking at the nodes
+            return 0.0
+        inside = self.cuts[b] & ~self.cuts[a]
+        # the largest first: a stage usually holds one of the few largest nodes
+        return next((values[v] for v in self._largest_first[name] if inside >> v & 1), 0.0)
 
     def max_column(self, name: str, a: int, ends: Sequence[int]) -> list[float]:
         """:meth:`stage_max` from cut ``a`` to each of ``ends`` (ascending), in one pass
-        where the cuts are nested."""
+        where the cuts are nested; empty when no node has a value (a profile without
+        them, e.g. PipeDream's: the planner's rows then cost nothing more)."""
+        if not self._maxes[name]:
+            return []
         if not self.is_chain:
             return [self.stage_max(name, a, b) for b in ends]
         values, order, out, best, done = self._maxes[name], self.topological_order, [], 0.0, a
