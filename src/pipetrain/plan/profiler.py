@@ -183,7 +183,8 @@ class _Memory:
     dtype: torch.dtype | None
     """The dtype of the layer's first floating-point parameter."""
     backward_workspace: int = 0
-    input_workspace: int | None = None
+    input_workspace: int = 0
+    """Of the split backward's input pass; without trainable parameters, the whole one's."""
 
 
 def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
@@ -226,8 +227,8 @@ def _measure_memory(index: int, name: str, layer: nn.Module, value: Any,
         saved.tensors.clear()
         run.backward(trainable)
     memory.backward_workspace = region.peak(kept=[p.grad for p in trainable])
-    if trainable:
-        memory.input_workspace = _input_pass_workspace(layer, value, trainable, settings, loss_fn)
+    memory.input_workspace = (_input_pass_workspace(layer, value, trainable, settings, loss_fn)
+                              if trainable else memory.backward_workspace)
     return memory
 
 
@@ -243,7 +244,7 @@ def _input_pass_workspace(layer: nn.Module, value: Any, trainable: list[nn.Param
         _, weight = backward_input(run.roots, run.grads, run.leaves, trainable)
     workspace = region.peak(kept=[p.grad for p in trainable])
     weight.run()
-    return workspace
+    return int(workspace)
 
 
 def _times(timings: Timings, has_weights: bool, prefix: str) -> dict[str, float]:
@@ -303,8 +304,7 @@ def _profile_layer(index: int, source: LayerSource, value: Any, micro_value: Any
             repetitions=settings.repetitions, flush=settings.flush), digits=TIME_DIGITS),
         saved_bytes=memory.saved_bytes,
         backward_workspace_bytes=memory.backward_workspace,
-        backward_input_workspace_bytes=(memory.backward_workspace if memory.input_workspace is None
-                                        else memory.input_workspace),
+        backward_input_workspace_bytes=memory.input_workspace,
         spread=spread,
         **times,
     )

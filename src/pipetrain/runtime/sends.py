@@ -43,7 +43,7 @@ class SendsInFlight:
 
         sends = SendsInFlight(wait=transport_wait, fail=record_failure)
         sends.add(1, [(work, timeout)], [header])   # freed once rank 1 has taken it
-        sends.drain()                              # every send done (end of a step)
+        sends.drain(check=raise_failure)           # every send done (end of a step)
     """
 
     def __init__(self, *, wait: Callable[[Any, datetime.timedelta | None, int], None],
