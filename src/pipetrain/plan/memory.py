@@ -211,7 +211,7 @@ def latent_bytes(layer: nn.Module, value: Any) -> tuple[int, Any]:
     return latent, output
 
 
-class TransientBytes(TorchDispatchMode):
+class TransientBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """The most memory a region of code needs above what it starts and ends with.
 
     Every storage an operation creates inside the ``with`` block is counted from its
@@ -230,7 +230,7 @@ class TransientBytes(TorchDispatchMode):
     """
 
     def __init__(self, released: Iterable[Tensor] = ()) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._events: list[tuple[int, int]] = []  # (serial, +bytes created / -bytes freed)
         self._alive: dict[int, tuple[int, Any]] = {}  # storage address -> (serial, weak ref)
         self._serials = itertools.count()
