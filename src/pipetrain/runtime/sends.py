@@ -47,7 +47,7 @@ class SendsInFlight:
     """
 
     def __init__(self, *, wait: Callable[[Any, datetime.timedelta | None, int], None],
-                 fail: Callable[[BaseException, int], None], limit: int = 256) -> None:
+                 fail: Callable[[BaseException, int], object], limit: int = 256) -> None:
         self._wait = wait
         self._fail = fail
         self._limit = limit
