@@ -362,3 +362,18 @@ def test_under_a_memory_limit_fsdp_is_chosen_where_whole_copies_do_not_fit() -> 
         assert plan(roomy).data_parallel in (None, "replicate")
     with pytest.raises(ValueError, match="memory"):
         plan(250 * mb)  # not even FSDP fits
+
+
+def test_a_straight_plan_never_shards_a_stage_over_workers() -> None:
+    """``straight``: one worker per stage, also under a memory limit, where one stage on
+    both workers (here replicated; sharded with FSDP it fits too) would be faster: 6.0
+    against 6.5."""
+    layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0, parameter_bytes=1000,
+                                output_bytes=10, saved_bytes=100) for k in range(4))
+    profile = Profile(layers=layers, batch_size=4)
+    config = PlannerConfig(topology=Topology.flat(2, 1e12), memory_limit=14_000)
+    free = make_plan(profile, config)
+    assert [s.replicas for s in free.stages] == [2] and free.time_per_step == pytest.approx(6.0)
+    straight = make_plan(profile, dataclasses.replace(config, straight=True))
+    assert [s.replicas for s in straight.stages] == [1, 1]
+    assert straight.data_parallel == "replicate" and straight.time_per_step == pytest.approx(6.5)

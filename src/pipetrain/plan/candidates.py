@@ -270,7 +270,7 @@ def step_microbatch_counts(profile: Profile, config: PlannerConfig) -> tuple[int
 def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...], str]]:
     """``(group, schedules, data_parallel)`` per search of one (N, checkpoint); group 0:
     any replicas. Groups of more replicas than ``num_microbatches`` cannot run, and are
-    left out. Under a memory limit, FSDP over groups of 2 or more replicas too (one
+    left out. Under a memory limit and unless straight, FSDP over groups of 2 or more replicas too (one
     ``dp`` size for every stage, and schedules that neither split backwards nor keep
     several weight versions)."""
     workers = config.topology.num_workers
@@ -291,7 +291,7 @@ def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tupl
 
     kinds = [(0, group, "replicate") for group in split(free)] + [
         (d, group, "replicate") for group in split(uniform) for d in sizes]
-    if config.memory_limit is None:
+    if config.memory_limit is None or config.straight:  # straight: one worker per stage
         return kinds
     sharded = tuple(s for s in schedules if not splits_backward(s) and s not in ASYNC_SCHEDULES)
     return kinds + [(d, group, "fsdp") for group in split(sharded) for d in sizes if d > 1]
