@@ -333,8 +333,9 @@ def test_recording_a_step_costs_no_more_late_in_a_long_run(tmp_path: Path) -> No
     16 ms at 2k steps and 766 ms at 100k). Records of 10,000 synthetic steps, each with
     the work of a real one (the record, its measure, TensorBoard; the fsync of a
     checkpoint every 100 steps): the cost of a step's records over steps 8,000-10,000
-    is within 50% of that over steps 1,000-3,000 (compared with each other, not with a
-    number; the bug made it 25 times larger at this length), and the memory that Python
+    is within 3 times that over steps 1,000-3,000 (compared with each other, not with a
+    number; the bug made it 25 times larger at this length; a busy machine has made it
+    1.6 times without the bug), and the memory that Python
     allocates for the records does not grow with the steps."""
     records = _records(tmp_path)
     records.write()
@@ -363,7 +364,7 @@ def test_recording_a_step_costs_no_more_late_in_a_long_run(tmp_path: Path) -> No
         return sorted(means)[len(means) // 2]
 
     early, late = typical(1_000, 3_000), typical(8_000, 10_000)
-    assert late < 1.5 * early, f"{late * 1e6:.0f} us per step late, {early * 1e6:.0f} us early"
+    assert late < 3 * early, f"{late * 1e6:.0f} us per step late, {early * 1e6:.0f} us early"
     grown = traced[10_000] - traced[3_000]
     assert grown < 256 * 1024, f"the records' memory grew by {grown} bytes over 7,000 steps"
     assert len(_lines(tmp_path)) == 10_000

@@ -31,15 +31,17 @@ def _calls_per_interval(world_size: int, seconds: float = 1.0) -> float:
     for monitor in monitors:
         monitor.stop()
     per_interval = sorted(calls)[len(calls) // 2] / (seconds / INTERVAL)
-    # the rate a job records (metrics.json's monitor): the same load, per second
-    assert 0.7 < rates[len(rates) // 2] * INTERVAL / per_interval < 1.3, (rates[:3], per_interval)
-    return per_interval
+    # the rate a job records (metrics.json's monitor) counts per beat: on a busy machine
+    # the beats come later than every interval, and the calls of a second fall with them
+    recorded = rates[len(rates) // 2] * INTERVAL
+    assert 0.7 * per_interval < recorded <= 6, (rates[:3], per_interval)
+    return recorded
 
 
 def test_a_ranks_store_calls_do_not_grow_with_the_number_of_ranks() -> None:
     few, many = _calls_per_interval(4), _calls_per_interval(64)
     assert 0 < few <= 6 and many <= 6, (few, many)  # a heartbeat, two neighbours, the cause
-    assert many < 1.5 * few, f"{many:.1f} store calls per interval at 64 ranks, {few:.1f} at 4"
+    assert many < 1.5 * few, f"{many:.1f} store calls per beat at 64 ranks, {few:.1f} at 4"
 
 
 def test_a_silent_rank_of_64_is_named_by_every_rank_in_time() -> None:
