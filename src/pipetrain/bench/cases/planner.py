@@ -28,30 +28,31 @@ of each layout (the simulator on the profiled costs, as the planner predicts it)
 the measured one, and where they part: the per-stage action costs measured in the timed
 steps (``measure_step``) next to the profiled ones, and the simulator on the measured
 costs. ``--quick``: a vocabulary of 16,384, 4 blocks, 3 timed steps per layout.
+
+Then, in a second job: under a memory cap per worker, the planner's plan with a
+re-materialization mode per stage against its best plan with one mode for every stage
+(:mod:`pipetrain.bench.cases._planner_memory`).
 """
 
 from __future__ import annotations
 
-import itertools
-import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
+from pipetrain.bench.cases._planner_memory import under_cap
+from pipetrain.bench.cases._planner_runs import analyse, batch, gpt_config, worker
 from pipetrain.bench.drawings import bars, find_table, series
-from pipetrain.bench.harness import median, run_job
+from pipetrain.bench.harness import run_job
 
-__all__ = ["CASE", "GOAL_ERROR", "GOAL_SPEEDUP", "Options", "analyse", "draw", "run",
-           "worker"]
+__all__ = ["CASE", "GOAL_ERROR", "GOAL_SPEEDUP", "Options", "draw", "run"]
 
 GOAL_SPEEDUP = 1.3
 """The plan against the even split."""
 GOAL_ERROR = 0.15
 """The plan's predicted step against its measured one."""
-BANDWIDTH_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,45 +81,13 @@ FULL = Options()
 QUICK = replace(FULL, vocab=16384, layers=4, repetitions=3, warmup=1, profile_repetitions=2)
 
 
-def _model(opts: Options) -> Any:
-    from pipetrain.models import GPTConfig
-
-    return GPTConfig(vocab_size=opts.vocab, width=opts.width, num_layers=opts.layers,
-                     context=opts.context, num_heads=opts.heads, tie_embeddings=False)
-
-
-def _batch(opts: Options, step: int) -> tuple[Any, Any]:
-    import torch
-
-    generator = torch.Generator().manual_seed(1000 + step)
-    tokens = torch.randint(0, opts.vocab, (opts.batch, opts.context + 1), generator=generator)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def _measure_bandwidth(world_size: int) -> float:
-    """Ring all-reduce bandwidth of the job, bytes per second (median of 5)."""
-    import torch
-    import torch.distributed as dist
-
-    buffer = torch.ones(BANDWIDTH_BYTES // 4)
-    times = []
-    for k in range(6):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buffer)
-        if k:
-            times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    return 2 * (world_size - 1) / world_size * BANDWIDTH_BYTES / seconds
-
-
 def _plan_on_rank0(opts: Options, world_size: int, measured_bandwidth: float) -> dict[str, Any]:
     from pipetrain.models import gpt_layer_factories, gpt_loss
     from pipetrain.plan import PlannerConfig, Topology, make_plan, profile_model
     from pipetrain.plan.schedule_choice import plan_for_layout
 
-    config = _model(opts)
-    tokens, targets = _batch(opts, -1)
+    config = gpt_config(opts)
+    tokens, targets = batch(opts, -1)
     began = time.perf_counter()
     profile = profile_model(gpt_layer_factories(config, seed=0), tokens, loss_fn=gpt_loss,
                             target=targets, microbatch_size=1, device="cpu",
@@ -134,146 +103,9 @@ def _plan_on_rank0(opts: Options, world_size: int, measured_bandwidth: float) ->
     even = [layers // world_size + (1 if j < layers % world_size else 0)
             for j in range(world_size)]
     even_plan = plan_for_layout(profile, even, [1] * world_size, planner)
-    return {"profile": profile.to_dict(), "plan": plan.to_dict(), "even": even_plan.to_dict(),
-            "bandwidth": bandwidth, "profile_seconds": profiled, "plan_seconds": planned}
-
-
-def worker(ctx: Any, opts: Options) -> dict[str, Any]:
-    """Every rank: bandwidth, the plan (from rank 0), both layouts timed alternately."""
-    import torch
-    import torch.distributed as dist
-
-    from pipetrain.api.pipeline import Pipeline
-    from pipetrain.api.plan_config import config_from_plan
-    from pipetrain.models import gpt_layer_factories, gpt_loss
-    from pipetrain.plan import Plan
-
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    measured_bandwidth = _measure_bandwidth(world_size)
-    box: list[Any] = [_plan_on_rank0(opts, world_size, measured_bandwidth)
-                      if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    planned = box[0]
-    config = _model(opts)
-    layouts = {name: config_from_plan(Plan.from_dict(planned[name]), num_layers=opts.layers + 2)
-               for name in ("plan", "even")}
-
-    def adamw(params: Any) -> Any:
-        return torch.optim.AdamW(params, lr=1e-3, fused=True)
-
-    pipes = {name: Pipeline(gpt_layer_factories(config, seed=0), loss_fn=gpt_loss,
-                            optimizer=adamw, config=layout, context=ctx)
-             for name, layout in layouts.items()}
-    times: dict[str, list[float]] = {name: [] for name in pipes}
-    records: dict[str, list[Any]] = {name: [] for name in pipes}
-    losses: dict[str, list[float]] = {name: [] for name in pipes}
-    for k in range(opts.warmup + opts.repetitions):
-        x, y = _batch(opts, k)
-        for name, pipe in pipes.items():
-            dist.barrier()
-            start = time.perf_counter()
-            loss = pipe.train_step(x, y)
-            elapsed = time.perf_counter() - start
-            losses[name].append(loss)
-            if k >= opts.warmup:
-                times[name].append(elapsed)
-                records[name].append((pipe.last_step_start, list(pipe.last_timeline)))
-    schedules = {name: pipe.schedule() for name, pipe in pipes.items()}
-    balances = {name: [len(r) for r in pipe.layout.layer_ranges] for name, pipe in pipes.items()}
-    for pipe in pipes.values():
-        pipe.close()
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, {"times": times, "records": records})
-    if rank != 0:
-        return {}
-    return {"planned": planned, "gathered": gathered, "losses": losses,
-            "schedules": schedules, "balances": balances}
-
-
-def _predicted(profile: Any, plan: Any, balance: Sequence[int], replicas: Sequence[int],
-               bandwidth: float) -> dict[str, Any]:
-    """The pipetrain model's step for a layout under the plan's choices, and its
-    per-stage action costs."""
-    from pipetrain.plan.costs_pipetrain import Candidate
-    from pipetrain.plan.graph import CutGraph
-    from pipetrain.plan.microbatch_profile import microbatch_profile
-    from pipetrain.plan.simulated_step import predicted_step, step_costs
-
-    total = plan.num_microbatches * plan.stages[0].replicas
-    candidate = Candidate(schedule=plan.schedule, num_microbatches=total,
-                          checkpoint=plan.checkpoint or "never")
-    graph = CutGraph(microbatch_profile(profile, total))
-    cuts = [0]
-    for count in balance:
-        cuts.append(cuts[-1] + count)
-    loads = [graph.load(a, b) for a, b in itertools.pairwise(cuts)]
-    costs = step_costs(loads, replicas, candidate, bandwidth=bandwidth)
-    step = predicted_step(loads, replicas, candidate, bandwidth=bandwidth)
-    return {"step_s": step, "costs": costs.per_stage(len(loads))}
-
-
-def _measured(name: str, gathered: Sequence[Any], schedule: Any) -> dict[str, Any]:
-    """Per-stage action costs measured in the timed steps, and the simulator on them."""
-    from pipetrain.schedule import TimedAction, simulate
-    from pipetrain.trace import aggregate, measure_step, offsets_from_origins
-
-    world_size = len(gathered)
-    measures, simulated = [], []
-    for rep in range(len(gathered[0]["records"][name])):
-        origins = [gathered[r]["records"][name][rep][0] for r in range(world_size)]
-        offsets = offsets_from_origins(origins)
-        timeline = [TimedAction(r, t.action, t.start + offsets[r], t.end + offsets[r])
-                    for r in range(world_size) for t in gathered[r]["records"][name][rep][1]]
-        measure = measure_step(timeline, num_ranks=world_size, num_stages=schedule.num_stages)
-        measures.append(measure)
-        simulated.append(simulate(schedule, measure.mean_costs).makespan)
-    summary = aggregate(measures)
-    return {"makespan_s": summary.makespan, "simulated_on_measured_s": median(simulated),
-            "costs": summary.mean_costs.per_stage(schedule.num_stages)}
-
-
-def analyse(raw: dict[str, Any]) -> dict[str, Any]:
-    """Both layouts' measured and predicted steps, their costs, and the speedups."""
-    from pipetrain.plan import Plan, Profile
-
-    planned = raw["planned"]
-    profile = Profile.from_dict(planned["profile"])
-    gathered = raw["gathered"]
-    out: dict[str, Any] = {"plan": planned["plan"], "even": planned["even"],
-                           "bandwidth": planned["bandwidth"],
-                           "profile_seconds": planned["profile_seconds"],
-                           "plan_seconds": planned["plan_seconds"], "layouts": {}}
-    for name in ("plan", "even"):
-        plan = Plan.from_dict(planned[name])
-        steps = [max(g["times"][name][k] for g in gathered)
-                 for k in range(len(gathered[0]["times"][name]))]
-        balance = raw["balances"][name]
-        replicas = [s.replicas for s in plan.stages]
-        predicted = _predicted(profile, plan, balance, replicas, planned["bandwidth"])
-        measured = _measured(name, gathered, raw["schedules"][name])
-        step = median(steps)
-        out["layouts"][name] = {
-            "balance": balance, "replicas": replicas, "step_s": step, "steps_s": steps,
-            "schedule": plan.schedule, "num_microbatches": plan.num_microbatches,
-            "checkpoint": plan.checkpoint,
-            "predicted_s": predicted["step_s"],
-            "error": predicted["step_s"] / step - 1.0,
-            "makespan_s": measured["makespan_s"],
-            "simulated_on_measured_s": measured["simulated_on_measured_s"],
-            "profiled_costs": _costs(predicted["costs"]),
-            "measured_costs": _costs(measured["costs"]),
-            "first_losses": raw["losses"][name][:2],
-        }
-    out["speedup"] = out["layouts"]["even"]["step_s"] / out["layouts"]["plan"]["step_s"]
-    out["predicted_speedup"] = (out["layouts"]["even"]["predicted_s"]
-                                / out["layouts"]["plan"]["predicted_s"])
-    return out
-
-
-def _costs(costs: Any) -> dict[str, list[float]]:
-    return {name: list(getattr(costs, name)) for name in
-            ("forward", "backward", "backward_input", "backward_weight", "reduce", "step",
-             "communication")}
+    return {"names": ["plan", "even"], "profile": profile.to_dict(), "plan": plan.to_dict(),
+            "even": even_plan.to_dict(), "bandwidth": bandwidth, "profile_seconds": profiled,
+            "plan_seconds": planned}
 
 
 def _tables(result: dict[str, Any], opts: Options) -> list[Table]:
@@ -324,12 +156,13 @@ def run(context: BenchContext) -> BenchResult:
     opts = QUICK if context.quick else FULL
     context.progress(f"{opts.workers} workers: profile, plan, then {opts.repetitions} timed "
                      "steps of each layout")
-    raw = run_job(worker, opts, world_size=opts.workers, timeout=opts.timeout)[0]
+    raw = run_job(worker, opts, _plan_on_rank0, world_size=opts.workers, timeout=opts.timeout)[0]
     result = analyse(raw)
     result["goals"] = {"speedup": result["speedup"] >= GOAL_SPEEDUP,
                        "prediction": abs(result["layouts"]["plan"]["error"]) <= GOAL_ERROR}
     result["options"] = asdict(opts)
-    return BenchResult(tables=_tables(result, opts), data=result)
+    capped_tables, result["under_cap"] = under_cap(context)
+    return BenchResult(tables=_tables(result, opts) + capped_tables, data=result)
 
 
 def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
@@ -356,5 +189,6 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
                       + (f" (speed-up of the plan: {', '.join(shown)})" if shown else ""))
 
 
-CASE = Case(name="planner", title="The planner's plan vs the even split, and its predicted step",
-            run=run, draw=draw, quick_seconds=10, full_seconds=40)
+CASE = Case(name="planner", title="The planner's plan vs the even split, its predicted step, "
+                                  "and a mode per stage under a memory cap",
+            run=run, draw=draw, quick_seconds=25, full_seconds=130)
