@@ -36,7 +36,7 @@ SIZES = {
     "cpu": {"width": 128, "heads": 4, "seq": 64, "batch": 16, "chunks": 4,
             "cap_mib": 96.0, "limit": 64},
     "quick": {"width": 64, "heads": 2, "seq": 128, "batch": 16, "chunks": 4,
-              "cap_mib": 48.0, "limit": 32},
+              "cap_mib": 32.0, "limit": 16},
 }
 MODES = {"without_rematerialization": "never", "with_rematerialization": "always"}
 
