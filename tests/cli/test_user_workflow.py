@@ -94,9 +94,12 @@ def test_profile_plan_and_train_with_the_plan_record_what_ran(tmp_path: Path) ->
     profile = _json(tmp_path / "profile.json")
     assert profile["model"]["summary"].startswith("gpt: 4 layers (Embedding, 2 x Block, Head)")
     assert profile["microbatch_size"] == 4 and all("spread" in layer for layer in profile["layers"])
+    # straight: two stages of one worker each, whatever the profiled times (without it a
+    # noisy profile may make one stage on two replicas the fastest plan)
     _ok(_here("plan", "--profile", "profile.json", "--workers", "2", "--bandwidth", "1e9",
-                   "--out", "plan.json", cwd=tmp_path))
+                   "--straight", "--out", "plan.json", cwd=tmp_path))
     plan = _json(tmp_path / "plan.json")
+    assert [s["replicas"] for s in plan["stages"]] == [1, 1]
     _ok(_pipetrain("train", *SHAPE, *QUIET, "--batch-size", "8", "--steps", "4", "--plan",
                    "plan.json", "--out", "run", cwd=tmp_path))
     config, metrics, trace = _records(tmp_path / "run")
