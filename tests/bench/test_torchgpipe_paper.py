@@ -3,6 +3,7 @@ tiny sizes: the workloads in both GPipes, the runner processes, and the tables."
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from multiprocessing import Pipe
@@ -87,11 +88,28 @@ def test_a_runner_reports_its_failure_instead_of_hanging() -> None:
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_a_tiny_run_measures_every_runner_and_fills_the_tables() -> None:
+def test_a_tiny_run_measures_every_runner_and_fills_the_tables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and its memory in processes of their own whose glibc mmap threshold is fixed
+    (their resident set follows the live tensors, whatever an earlier setting of the
+    process freed), the timed ones with the default heap, as users run them."""
+    from pipetrain.bench.cases.torchgpipe_paper_runs import Runners
+    from pipetrain.bench.harness import EXACT_MALLOC
+
+    started: list[tuple[str, dict[str, str | None]]] = []
+    start = Runners._start
+
+    def spy(self: Runners, threads: int | None, suffix: str) -> None:
+        started.append((suffix, {name: os.environ.get(name) for name in EXACT_MALLOC}))
+        start(self, threads, suffix)
+
+    monkeypatch.setattr(Runners, "_start", spy)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     plan = Plan(workloads={"unet": TINY["unet"]}, partitions=(2,), chunks={"unet": (2,)},
                 warmup=0, rounds=1, block=1, processes_per_group=False, threads=1)
     lines: list[str] = []
     records, balances = measure(plan, lines.append)
+    assert started == [("", {name: None for name in EXACT_MALLOC}), ("-memory", EXACT_MALLOC)]
     assert [(r["partitions"], r["checkpoint"]) for r in records] == [(2, m) for m in MODES]
     assert len(lines) == len(records) and sum(balances["unet"][2]) == 11
     for record in records:
@@ -187,3 +205,4 @@ def test_the_papers_speed_ups_are_its_throughputs_ratios() -> None:
     unet_base = UNET_SPEED[0][4]
     assert [round(rate / unet_base, 3) for *_, rate in UNET_SPEED] == [
         1.0, 0.858, 1.246, 2.352, 3.105]
+

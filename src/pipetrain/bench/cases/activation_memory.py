@@ -28,7 +28,7 @@ from typing import Any
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Goal, Table
 from pipetrain.bench.cases._schedules_runs import ModelSpec, profile_costs
 from pipetrain.bench.cases._schedules_sim import ModelCosts, stage_balance
-from pipetrain.bench.harness import run_job
+from pipetrain.bench.harness import EXACT_MALLOC, run_job
 from pipetrain.launch.processes import temporary_environment
 
 __all__ = ["CASE", "EXACT_MALLOC", "GOAL_DEVIATION", "GOAL_RATIO", "SIZES", "Run", "draw", "run",
@@ -36,10 +36,6 @@ __all__ = ["CASE", "EXACT_MALLOC", "GOAL_DEVIATION", "GOAL_RATIO", "SIZES", "Run
 
 _MIB = float(1 << 20)
 
-EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
-"""glibc malloc: every block of 64 KiB or more mapped on its own and given back when freed
-(a fixed threshold also stops glibc from raising it after frees), so that the resident
-set follows the tensors alive instead of what the heap keeps after a free."""
 
 
 @dataclasses.dataclass(frozen=True)

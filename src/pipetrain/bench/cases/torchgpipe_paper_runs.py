@@ -7,11 +7,16 @@ partition threads and torchgpipe's device thread do not share a process, and the
 memory of one is not the other's (the CPU figure is the whole process's resident set).
 A process serves settings one after another: for each, it builds the model, answers
 the eval-mode output of the batch (the three must agree: the same function of the same
-weights), then measures its peak memory from there (RSS growth, reset per setting, see
-:class:`~pipetrain.bench.harness.PeakMemory`) over its first training step and, later,
-over every step it took. :meth:`Runners.time` interleaves the runners: after a warm-up,
-rounds in which each runner in turn (the first one rotating) takes one untimed step then
-``block`` timed ones, so a busy spell of a shared machine hits all of them alike.
+weights), and takes steps. Memory is measured in a second process per runner, started
+with :data:`~pipetrain.bench.harness.EXACT_MALLOC` and taking no timed step: its peak
+(RSS growth from after the model was built, see
+:class:`~pipetrain.bench.harness.PeakMemory`) over the first training step and over the
+first :data:`PEAK_STEPS`. With glibc's default heap a setting reuses what the previous one
+of the process freed and seems to need less (torchgpipe's ``always`` measured above its
+``except_last`` that way); the timed processes keep the default allocator, as users run
+them. :meth:`Runners.time` interleaves the runners: after a warm-up, rounds in which each
+runner in turn (the first one rotating) takes one untimed step then ``block`` timed ones,
+so a busy spell of a shared machine hits all of them alike.
 
 A training step is torchgpipe's benchmarks' (``benchmarks/amoebanetd-speed``): forward,
 the loss, backward, an SGD update, gradients zeroed.
@@ -21,7 +26,7 @@ Example::
     with Runners(timeout=120.0) as runners:
         check = runners.setup(setting)            # outputs agree; first-step MiB, threads
         times, load = runners.time(warmup=2, rounds=4, block=3)
-        peaks = runners.peaks()                   # MiB over every step of the setting
+        peaks = runners.peaks()                   # MiB over its first PEAK_STEPS steps
 """
 
 from __future__ import annotations
@@ -39,11 +44,24 @@ import torch
 
 from pipetrain.bench.cases.torchgpipe_paper_models import RUNNERS, Workload, wrap
 from pipetrain.bench.gpipe_runs import ONE_THREAD, library
-from pipetrain.bench.harness import CpuWindow, PeakMemory, foreign_load, memory_available
+from pipetrain.bench.harness import (
+    EXACT_MALLOC,
+    CpuWindow,
+    PeakMemory,
+    foreign_load,
+    memory_available,
+)
+from pipetrain.launch.processes import temporary_environment
 
-__all__ = ["ONE_THREAD", "Runners", "Setting", "library", "serve"]
+__all__ = ["ONE_THREAD", "PEAK_STEPS", "Runners", "Setting", "library", "serve"]
+
+_MEMORY = "-memory"
+"""Suffix of a runner's memory process in :class:`Runners`."""
 
 _LEARNING_RATE = 1e-3
+PEAK_STEPS = 3
+"""Training steps of a setting over which a memory process takes its peak (the first
+included)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -159,18 +177,22 @@ class Runners:
                  extra: tuple[str, ...] = ()) -> None:
         self.timeout = timeout
         self.names: tuple[str, ...] = (*RUNNERS, *extra)
-        context = mp.get_context("spawn")
         self._conns: dict[str, Connection] = {}
         self._processes: dict[str, Any] = {}
+        self._start(threads, "")
+        with temporary_environment(EXACT_MALLOC):  # read by each process's allocator
+            self._start(threads, _MEMORY)
+
+    def _start(self, threads: int | None, suffix: str) -> None:
+        context = mp.get_context("spawn")
         for runner in self.names:
             parent_end, child_end = context.Pipe()
             own = 1 if runner.endswith(ONE_THREAD) else threads
             process = context.Process(target=_process_main, args=(runner, child_end, own),
-                                      daemon=True,
-                                      name=f"torchgpipe_paper-{runner}")
+                                      daemon=True, name=f"torchgpipe_paper-{runner}{suffix}")
             process.start()
             child_end.close()
-            self._conns[runner], self._processes[runner] = parent_end, process
+            self._conns[runner + suffix], self._processes[runner + suffix] = parent_end, process
 
     def __enter__(self) -> Runners:
         return self
@@ -202,9 +224,10 @@ class Runners:
         Raises:
             RuntimeError: a runner failed or its output differs from the plain model's.
         """
-        for runner in self.names:  # the runners build at once (nothing is timed yet)
-            self._conns[runner].send(("setup", setting))
+        for name in self._conns:  # the runners build at once (nothing is timed yet)
+            self._conns[name].send(("setup", setting))
         answers = {runner: self._answer(runner, "setup") for runner in self.names}
+        memory = {runner: self._answer(runner + _MEMORY, "setup") for runner in self.names}
         reference = answers["plain"][0]
         scale = max(1.0, reference.abs().max().item())
         for runner, (output, *_) in answers.items():
@@ -212,7 +235,8 @@ class Runners:
             if difference > 1e-4 * scale:
                 raise RuntimeError(f"{runner}'s output differs from the plain model's by "
                                    f"{difference:.3g} in {setting}")
-        return {runner: (mib, threads) for runner, (_, mib, threads) in answers.items()}
+        return {runner: (memory[runner][1], threads)
+                for runner, (_, _, threads) in answers.items()}
 
     def time(self, *, warmup: int, rounds: int, block: int
              ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
@@ -244,8 +268,11 @@ class Runners:
         return total
 
     def peaks(self) -> dict[str, float | None]:
-        """Every runner's peak MiB over all the steps of the current setting."""
-        return {runner: self._ask(runner, ("peak",)) for runner in self.names}
+        """Every runner's peak MiB over the first :data:`PEAK_STEPS` steps of the current
+        setting (in its memory process)."""
+        for runner in self.names:
+            self._ask(runner + _MEMORY, ("steps", PEAK_STEPS - 1, 0))
+        return {runner: self._ask(runner + _MEMORY, ("peak",)) for runner in self.names}
 
     def close(self) -> None:
         """Stop the processes (each is asked to end, then ended if it does not)."""

@@ -48,9 +48,10 @@ _SPEED_NOTES = (
     "one thread; pipetrain runs each partition on its own thread, so two partitions can "
     "use the two cores at once.")
 _MEMORY_NOTES = (
-    "Peak RSS growth of each runner's process over the setting's steps (first step, "
-    "warm-up and timed steps), from after the model was built: activations, gradients "
-    "and what the C allocator keeps. The paper measures instead the largest model each "
+    "Peak RSS growth over the setting's first 3 training steps, from after the model was "
+    "built, in a process of each runner's that takes no timed step, with glibc's mmap "
+    "threshold fixed at 64 KiB (the resident set follows the live tensors: activations "
+    "and gradients, not what the heap kept from an earlier setting). The paper measures instead the largest model each "
     "number of GPUs trains (its tables below): memory there grows with the devices, "
     "while here every partition shares one host's memory, so that scaling does not carry "
     "over. What does: re-materialization keeps only the partition-boundary activations "

@@ -24,7 +24,7 @@ Import it as ``from pipetrain.bench.harness import ...`` (the one-call GPU check
 
 from __future__ import annotations
 
-from pipetrain.bench.harness.jobs import agree, forked_jobs, gather_objects, run_job
+from pipetrain.bench.harness.jobs import EXACT_MALLOC, agree, forked_jobs, gather_objects, run_job
 from pipetrain.bench.harness.machine import CpuWindow, foreign_load, load_line, machine_info
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
 from pipetrain.bench.harness.noise import (
@@ -38,6 +38,7 @@ from pipetrain.bench.harness.stats import median, quartiles, summary
 from pipetrain.bench.harness.timing import Sample, interleave, step_times
 
 __all__ = [
+    "EXACT_MALLOC",
     "CpuWindow",
     "PeakMemory",
     "Sample",

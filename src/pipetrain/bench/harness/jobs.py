@@ -16,10 +16,15 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["MALLOC_TUNED", "agree", "forked_jobs", "gather_objects", "run_job"]
+__all__ = ["EXACT_MALLOC", "MALLOC_TUNED", "agree", "forked_jobs", "gather_objects", "run_job"]
 
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
 """glibc malloc settings that keep freed memory instead of returning it to the system."""
+EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
+"""glibc malloc for measuring memory: every block of 64 KiB or more mapped on its own and
+given back when freed (a fixed threshold also stops glibc from raising it after frees), so
+that the resident set follows the tensors alive instead of what the heap kept after a free
+(what a process ran before would otherwise change what it seems to need)."""
 _START = ["spawn"]
 
 
