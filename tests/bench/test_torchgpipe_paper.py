@@ -37,7 +37,7 @@ def one_thread() -> Iterator[None]:
 
 def test_the_case_is_declared_for_the_suite() -> None:
     assert CASE.name == "torchgpipe_paper" and CASE.needs == ("torchgpipe",)
-    assert CASE.quick_seconds <= 25 and CASE.full_seconds <= 900  # 705-810 s in the last runs
+    assert CASE.quick_seconds <= 25 and CASE.full_seconds <= 1500  # 1369 s in the last run
 
 
 @pytest.mark.parametrize("model", ["amoebanet", "unet"])
