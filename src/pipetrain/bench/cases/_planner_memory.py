@@ -37,6 +37,7 @@ from typing import Any
 from pipetrain.bench.case import BenchContext, Goal, Table
 from pipetrain.bench.cases._planner_runs import analyse, batch, gpt_config, worker
 from pipetrain.bench.harness import run_job
+from pipetrain.bench.harness.machine import usable_cores
 
 __all__ = ["GOAL_SPEEDUP", "Options", "cap_between", "under_cap"]
 
@@ -151,7 +152,7 @@ def _tables(result: dict[str, Any], opts: Options) -> list[Table]:
     one_mode = ", ".join(f"{mode} {steps[mode] * 1e3:.0f} ms" if steps[mode] is not None
                          else f"{mode} none fits" for mode in _UNIFORM)
     uncapped = max(s["memory_per_worker"] for s in result["uncapped"]["stages"]) / _MIB
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores() or os.cpu_count()
     shared = (f"The {opts.workers} processes share the machine's {cores} cores: a measured "
               "step also counts the work of stages waiting for a core, where the prediction "
               "gives each stage a core of its own. " if cores and cores < opts.workers else "")

@@ -5,15 +5,14 @@ that trains the layouts rank 0 plans side by side, and the analysis of their ste
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from pipetrain.bench.harness import median
+from pipetrain.bench.harness import median, ring_bandwidth
 
-__all__ = ["analyse", "batch", "gpt_config", "measure_bandwidth", "worker"]
+__all__ = ["analyse", "batch", "gpt_config", "worker"]
 
 BANDWIDTH_BYTES = 16 * 2**20
 _EXAMPLE = SimpleNamespace(vocab=16384, width=128, layers=4, heads=4, context=32, batch=16)
@@ -48,29 +47,6 @@ def batch(opts: Any, step: int) -> tuple[Any, Any]:
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def measure_bandwidth(world_size: int) -> float:
-    """Ring all-reduce bandwidth of the job, bytes per second (median of 5); every rank
-    calls it.
-
-    Example (on every rank of a job)::
-
-        bandwidth = measure_bandwidth(dist.get_world_size())
-    """
-    import torch
-    import torch.distributed as dist
-
-    buffer = torch.ones(BANDWIDTH_BYTES // 4)
-    times = []
-    for k in range(6):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buffer)
-        if k:
-            times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    return 2 * (world_size - 1) / world_size * BANDWIDTH_BYTES / seconds
-
-
 def worker(ctx: Any, opts: Any, plan: Any) -> dict[str, Any]:
     """Every rank: bandwidth, the layouts rank 0 plans (``plan(opts, world_size,
     bandwidth)``: a dict naming them in ``names``, each a plan's dict, with the profile and
@@ -84,7 +60,7 @@ def worker(ctx: Any, opts: Any, plan: Any) -> dict[str, Any]:
     from pipetrain.plan import Plan
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    measured_bandwidth = measure_bandwidth(world_size)
+    measured_bandwidth = ring_bandwidth(BANDWIDTH_BYTES, timed=5)
     box: list[Any] = [plan(opts, world_size, measured_bandwidth) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     planned = box[0]

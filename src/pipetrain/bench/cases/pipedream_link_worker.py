@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -32,25 +31,6 @@ _PROBE_BYTES = 2 * 2**20
 def _report(**fields: Any) -> None:
     sys.stdout.write("RESULT " + json.dumps(fields) + "\n")
     sys.stdout.flush()
-
-
-def _link_bandwidth() -> float:
-    """Ring all-reduce bandwidth of the job, bytes per second (median of 3)."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    buffer = torch.ones(_PROBE_BYTES // 4)
-    times = []
-    for k in range(4):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buffer)
-        if k:
-            times.append(time.perf_counter() - start)
-    n = dist.get_world_size()
-    return 2 * (n - 1) / n * _PROBE_BYTES / statistics.median(times)
 
 
 class _Pipe:
@@ -113,13 +93,13 @@ def run(opts: dict[str, Any]) -> dict[str, Any] | None:
 
     from pipetrain.api.config import PipelineConfig
     from pipetrain.api.pipeline import Pipeline
-    from pipetrain.bench.harness import gather_objects, interleave, step_times
+    from pipetrain.bench.harness import gather_objects, interleave, ring_bandwidth, step_times
     from pipetrain.models import mlp_layer_factories
     from pipetrain.runtime.process_group import init_distributed
 
     context = init_distributed(timeout=opts["timeout"])
     rank, world_size = context.rank, context.world_size
-    bandwidth = _link_bandwidth()
+    bandwidth = ring_bandwidth(_PROBE_BYTES, timed=3)
     box: list[Any] = [_profile(opts) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
 

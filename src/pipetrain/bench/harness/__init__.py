@@ -24,7 +24,14 @@ Import it as ``from pipetrain.bench.harness import ...`` (the one-call GPU check
 
 from __future__ import annotations
 
-from pipetrain.bench.harness.jobs import EXACT_MALLOC, agree, forked_jobs, gather_objects, run_job
+from pipetrain.bench.harness.jobs import (
+    EXACT_MALLOC,
+    agree,
+    forked_jobs,
+    gather_objects,
+    ring_bandwidth,
+    run_job,
+)
 from pipetrain.bench.harness.machine import CpuWindow, foreign_load, load_line, machine_info
 from pipetrain.bench.harness.memory import PeakMemory, memory_available
 from pipetrain.bench.harness.noise import (
@@ -58,6 +65,7 @@ __all__ = [
     "ms",
     "pct",
     "quartiles",
+    "ring_bandwidth",
     "run_job",
     "spread_warning",
     "spread_warnings",

@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["EXACT_MALLOC", "MALLOC_TUNED", "agree", "forked_jobs", "gather_objects", "run_job"]
+__all__ = ["EXACT_MALLOC", "MALLOC_TUNED", "agree", "forked_jobs", "gather_objects",
+           "ring_bandwidth", "run_job"]
 
 MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
 """glibc malloc settings that keep freed memory instead of returning it to the system."""
@@ -84,3 +85,30 @@ def gather_objects(value: Any) -> list[Any]:
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def ring_bandwidth(nbytes: int, *, timed: int) -> float:
+    """The job's ring all-reduce bandwidth in bytes per second, ``2 (r - 1) / r * nbytes /
+    seconds`` for ``r`` ranks: the median of ``timed`` all-reduces of ``nbytes`` after one
+    untimed, each started at a barrier. Every rank calls it.
+
+    Example (on every rank of a job)::
+
+        bandwidth = ring_bandwidth(16 * 2**20, timed=5)
+    """
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.ones(nbytes // 4)
+    times = []
+    for k in range(timed + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        if k:
+            times.append(time.perf_counter() - start)
+    ranks = dist.get_world_size()
+    return 2 * (ranks - 1) / ranks * nbytes / statistics.median(times)

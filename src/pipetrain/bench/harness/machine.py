@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CpuWindow", "busy_seconds", "foreign_load", "load_line", "machine_info"]
+__all__ = ["CpuWindow", "busy_seconds", "foreign_load", "load_line", "machine_info",
+           "usable_cores"]
 
 
 def busy_seconds() -> float | None:
@@ -80,6 +81,17 @@ def load_line(load: dict[str, Any]) -> str:
             f"{mine} cores, of {os.cpu_count()}")
 
 
+def usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity; ``None`` where the system does
+    not say).
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def machine_info() -> dict[str, Any]:
     """CPUs, torch and Python versions, and the load average now.
 
@@ -92,7 +104,7 @@ def machine_info() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "cpu_count": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "affinity_cpus": usable_cores(),
         "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,

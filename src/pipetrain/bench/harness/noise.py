@@ -20,6 +20,8 @@ import os
 import statistics
 from collections.abc import Mapping, Sequence
 
+from pipetrain.bench.harness.machine import usable_cores
+
 __all__ = ["SPREAD_TOLERANCE", "load_warning", "measurement_warnings", "relative_spread",
            "spread_warning", "spread_warnings"]
 
@@ -79,8 +81,7 @@ def load_warning(load_average: Sequence[float] | None = None, *,
             return None
         load_average = os.getloadavg()
     if cores is None:
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count() or 1)
+        cores = usable_cores() or os.cpu_count() or 1
     if not load_average or load_average[0] <= cores:
         return None
     return (f"load average {load_average[0]:.1f} above the {cores} cores: other work shared "
