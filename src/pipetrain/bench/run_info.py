@@ -13,6 +13,8 @@ import os
 import platform
 from typing import Any
 
+from pipetrain.bench.harness.machine import usable_cores
+
 __all__ = ["PACKAGES", "load_average", "machine", "run_metadata", "versions"]
 
 PACKAGES = ("torch", "pipetrain", "torchgpipe", "transformers")
@@ -65,8 +67,7 @@ def machine() -> dict[str, Any]:
         >>> sorted(machine())
         ['cores', 'cpu_model', 'memory_bytes', 'platform', 'usable_cores']
     """
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"cpu_model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable,
+    return {"cpu_model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
             "memory_bytes": _memory_bytes(), "platform": platform.platform()}
 
 
