@@ -25,17 +25,23 @@ SMALL = ["--layers", "2", "--width", "32", "--heads", "2", "--context", "32", "-
          "--microbatches", "4", "--warmup", "2", "--lr", "1e-2", "--sample-bytes", "0"]
 
 
-def _train(*args: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return run_train(SMALL, *args, out=out, timeout=timeout)
+def _train(*args: str, out: Path, timeout: float = 240,
+           environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_train(SMALL, *args, out=out, timeout=timeout, environment=environment)
 
 
 _losses = recorded_losses
 
 
 def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    done = _train("--steps", "12", "--eval-every", "6", "--sample-bytes", "16", out=out)
+    out, temporary = tmp_path / "run", tmp_path / "tmp"
+    temporary.mkdir()
+    done = _train("--steps", "12", "--eval-every", "6", "--sample-bytes", "16", out=out,
+                  environment={"TMPDIR": str(temporary)})
     assert done.returncode == 0, done.stderr[-3000:]
+    # the launcher's temporary files are gone (the agent's log folder was not); torch's
+    # compiler cache, one folder shared by every run, may stay
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
     assert "trained 12 steps: loss" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     steps = metrics["steps"]
@@ -121,7 +127,7 @@ def test_the_same_entry_point_runs_under_torchrun(tmp_path: Path) -> None:
     every worker writes into one run folder, rank 0's, even without --out."""
     from pipetrain.launch import free_port
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path))  # torchrun's logs
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",

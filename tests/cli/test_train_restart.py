@@ -74,7 +74,7 @@ def test_a_killed_worker_restarts_and_the_run_ends_as_if_never_killed(tmp_path: 
     cores are shared)."""
     from pipetrain.launch import free_port
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path))  # torchrun's logs
     command = [sys.executable, "-m", "pipetrain", "train", *TINY]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--max-restarts", "1", "--rdzv-backend", "c10d",

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def run_train(options: Sequence[str], *args: str, out: Path,
-              timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -m pipetrain train OPTIONS ARGS --out OUT`` with this interpreter's path."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+def run_train(options: Sequence[str], *args: str, out: Path, timeout: float = 240,
+              environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m pipetrain train OPTIONS ARGS --out OUT`` with this interpreter's path
+    (and ``environment`` added)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(environment or {}))
     return subprocess.run([sys.executable, "-m", "pipetrain", "train", *options, *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=timeout, env=env)
 

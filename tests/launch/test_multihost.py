@@ -88,8 +88,8 @@ def test_the_readme_command_trains_across_hosts_whose_names_resolve_to_loopback(
     says so), and the job trains."""
     out = tmp_path / "run"
     train = [*_TINY, "--timeout", "60", "--out", str(out)]
-    on_a = hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env())
-    on_b = hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env())
+    on_a = hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env(TMPDIR=str(tmp_path)))
+    on_b = hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env(TMPDIR=str(tmp_path)))
     (status_a, text_a), (status_b, text_b) = _finish(on_a, on_b, timeout=150)
     assert status_a == 0 and status_b == 0, f"host a:\n{text_a[-4000:]}\nhost b:\n{text_b[-4000:]}"
     assert "trained 3 steps" in text_a + text_b
@@ -152,8 +152,8 @@ def test_a_network_partition_ends_both_sides_in_time_and_keeps_the_history(
     timeout = 10
     out = tmp_path / "run"
     train = [*_TINY, "--steps", "100000", "--timeout", str(timeout), "--out", str(out)]
-    sides = {"a": hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env()),
-             "b": hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env())}
+    sides = {"a": hosts.popen(hosts.a, _torchrun(hosts, 0, *train), env=_env(TMPDIR=str(tmp_path))),
+             "b": hosts.popen(hosts.b, _torchrun(hosts, 1, *train), env=_env(TMPDIR=str(tmp_path)))}
     link = ["ip", "-n", hosts.b.netns, "link", "set", hosts.b.interface]
     try:
         deadline = time.monotonic() + 120

@@ -17,12 +17,14 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing import api as elastic_processes
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -130,7 +132,17 @@ def launch_local(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0
         launch_local(2, ["train", "--steps", "10"])
     """
     register()
+    # the agent's per-run folder (the workers' error files) is removed once the job ends:
+    # left to the agent it would stay behind in the system's temporary folder on every run
+    with tempfile.TemporaryDirectory(prefix="pipetrain-launch-", ignore_cleanup_errors=True) as logs:
+        _launch(nproc, argv, logs=logs, monitor_interval=monitor_interval,
+                shutdown_timeout=shutdown_timeout, environment=environment)
+
+
+def _launch(nproc: int, argv: Sequence[str], *, logs: str, monitor_interval: float,
+            shutdown_timeout: int, environment: Mapping[str, str] | None) -> None:
     config = LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
