@@ -102,6 +102,13 @@ def test_fsdp_over_replicas_trains_as_one_process_and_reshards_its_checkpoint(tm
             assert got["mesh"][:2] == (("pp", "dp", "tp"), (2, 2, 1))
             assert got["mesh"][2] == got["dp_ranks"] == (2 * (rank // 2), 2 * (rank // 2) + 1)
             units = got["units"]
+            # the step's collectives are actions of its schedule, measured in its timeline
+            stages = sorted({int(a[0]) for a in got["collectives"]})
+            gathered = [f"{j}{op}" for j in stages for op in ("UNSHARD", "REDUCE", "RESHARD")]
+            if config.get("reshard_after_forward"):  # FSDP's hooks gather layer by layer
+                gathered = [a for a in gathered if a.endswith("REDUCE")]
+            assert sorted(got["collectives"]) == sorted(gathered), (config, got["collectives"])
+            assert len(stages) == config.get("stages_per_rank", 1)
             for gathers, reductions in got["counts"]:
                 assert reductions == units, f"{config}: {reductions} reduce-scatters, {units} units"
                 if config.get("reshard_after_forward"):

@@ -99,9 +99,13 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
             with CollectiveCounts() as count:
                 losses.append(pipe.train_step(x, y))
             counts.append((count.gathers, count.reductions))
+        fsdp_ops = ("UNSHARD", "REDUCE", "RESHARD")
+        step_collectives = [str(t.action) for t in pipe.last_timeline
+                            if t.action.op.value in fsdp_ops]
         mesh = pipe.mesh
         result: dict[str, Any] = {
             "params": full_parameters(pipe), "losses": losses, "counts": counts,
+            "collectives": step_collectives,
             "units": len(pipe.sharded.units) if pipe.sharded is not None else 0,
             "sharded": all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",)
                            for p in pipe.parameters()),

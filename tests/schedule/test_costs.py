@@ -68,6 +68,7 @@ def test_to_dict() -> None:
         "send": 0.0,
         "reduce": 0.0,
         "step": 0.0,
+        "unshard": 0.0,
     }
 
 

@@ -6,8 +6,11 @@ from pipetrain.schedule import (
     Action,
     Costs,
     Op,
+    Schedule,
     add_communication,
+    add_fsdp_actions,
     add_optimizer_step,
+    build_schedule,
     forward_only,
     gpipe,
     interleaved_1f1b,
@@ -83,3 +86,48 @@ def test_forward_only_has_nothing_to_step() -> None:
 def test_step_is_added_once() -> None:
     with pytest.raises(ValueError, match="already has REDUCE or STEP actions"):
         add_optimizer_step(add_optimizer_step(gpipe(2, 1), reduce=False), reduce=False)
+
+
+def _fsdp(schedule_name: str, ranks: int, microbatches: int, **options: int) -> Schedule:
+    return add_fsdp_actions(build_schedule(schedule_name, num_ranks=ranks, num_microbatches=microbatches,
+                                           optimizer_step=True, reduce=True, **options))
+
+
+def test_fsdp_gathers_each_stage_once_a_compute_action_ahead_and_frees_it_after_its_reduce() -> None:
+    lowered = _fsdp("interleaved-1f1b", 2, 4, stages_per_rank=2)
+    rank0 = [str(a) for a in lowered.actions[0]]
+    assert [a for a in rank0 if "SHARD" in a] == ["0UNSHARD", "2UNSHARD", "2RESHARD", "0RESHARD"]
+    assert rank0[0] == "0UNSHARD"
+    # stage 2's first action is its receive; its gather starts before the forward ahead of it
+    first = rank0.index("2RF0")
+    ahead = max(p for p in range(first) if lowered.actions[0][p].op.is_compute)
+    assert rank0.index("2UNSHARD") == ahead - 1  # right before that forward
+    for stage in (0, 2):
+        assert rank0.index(f"{stage}RESHARD") == rank0.index(f"{stage}REDUCE") + 1
+        assert rank0.index(f"{stage}RESHARD") < rank0.index(f"{stage}STEP")
+    # replicas: each gathers once, whatever its share of the micro-batches
+    replicated = _fsdp("1f1b", 2, 3, replicas=(2, 2))
+    for actions in replicated.actions:
+        assert sum(a.op is Op.UNSHARD for a in actions) == 1 == sum(a.op is Op.RESHARD for a in actions)
+
+
+def test_fsdp_actions_are_added_once_and_need_the_reduce() -> None:
+    with pytest.raises(ValueError, match="already has UNSHARD or RESHARD"):
+        add_fsdp_actions(_fsdp("gpipe", 2, 2))
+    with pytest.raises(ValueError, match=r"rank 0 has no REDUCE for stage\(s\) \[0\].*reduce=True"):
+        add_fsdp_actions(add_optimizer_step(gpipe(2, 2), reduce=False))
+    forward = add_fsdp_actions(forward_only(2, 2))
+    assert str(forward).splitlines()[0] == "rank 0: 0UNSHARD 0F0 0F1 0RESHARD"
+
+
+def test_the_simulator_waits_for_a_gather_and_hides_one_started_ahead() -> None:
+    plain = simulate(_fsdp("1f1b", 2, 4), Costs(forward=1.0))
+    gathering = simulate(_fsdp("1f1b", 2, 4), Costs(forward=1.0, unshard=0.5))
+    # rank 0's first forward waits for its gather; rank 1's gather overlaps its first wait
+    assert gathering.makespan == plain.makespan + 0.5
+    first = {(t.rank, str(t.action)): t for t in gathering.timeline}
+    assert first[(0, "0UNSHARD")].end == 0.5 == first[(0, "0F0")].start
+    # interleaved: stage 2's gather runs under stage 0's forwards and costs nothing
+    two = {cost: simulate(_fsdp("interleaved-1f1b", 2, 4, stages_per_rank=2),
+                          Costs(forward=1.0, unshard=cost)).makespan for cost in (0.0, 0.5)}
+    assert two[0.5] == two[0.0] + 0.5  # only the first stage's gather is exposed

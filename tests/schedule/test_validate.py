@@ -3,8 +3,12 @@ from __future__ import annotations
 import pytest
 
 from pipetrain.schedule import (
+    Action,
+    Op,
     ScheduleError,
     add_communication,
+    add_fsdp_actions,
+    build_schedule,
     find_problems,
     gpipe,
     interleaved_1f1b,
@@ -136,3 +140,32 @@ def test_grid_of_a_deadlocked_schedule_shows_what_ran() -> None:
     with pytest.raises(ScheduleError) as caught:
         validate(make("0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1", num_microbatches=2))
     assert str(caught.value).endswith("rank 0: F0\nrank 1:")
+
+
+def test_fsdp_gathers_pair_up_around_the_stage_work() -> None:
+    assert _problems("0UNSHARD 0F0 0B0 0REDUCE 0RESHARD 0STEP") == []
+    problems = _problems("0F0 0UNSHARD 0UNSHARD 0B0 0REDUCE 0STEP 0RESHARD 0RESHARD")
+    assert problems == [
+        "rank 0, position 0: 0F0 runs on sharded parameters; fix: 0UNSHARD before it",
+        "rank 0, position 2: 0UNSHARD gathers parameters already gathered (no 0RESHARD since "
+        "the last 0UNSHARD)",
+        "rank 0, position 5: 0STEP updates stage 0 while its parameters are gathered; fix: "
+        "0RESHARD before it",
+        "rank 0, position 7: 0RESHARD frees parameters that are not gathered",
+    ]
+    assert _problems("0UNSHARD 0F0 0B0 0REDUCE 0STEP") == [
+        "rank 0, position 4: 0STEP updates stage 0 while its parameters are gathered; fix: "
+        "0RESHARD before it",
+        "rank 0: stage 0's parameters are still gathered at the end; fix: 0RESHARD after its "
+        "last action",
+    ]
+    # each gather is a collective of the stage's replicas: as many on each
+    replicated = add_fsdp_actions(build_schedule("1f1b", num_ranks=2, num_microbatches=4,
+                                                 optimizer_step=True, reduce=True,
+                                                 replicas=(2, 2)))
+    regathered = [list(acts) for acts in replicated.actions]
+    step = regathered[1].index(Action(0, Op.OPTIMIZER_STEP))
+    regathered[1][step:step] = [Action(0, Op.UNSHARD), Action(0, Op.RESHARD)]
+    assert find_problems(replicated.replace_actions(regathered)) == [
+        "stage 0's replicas gather its parameters a different number of times (rank 0: 1, "
+        "rank 1: 2): each gather is a collective of all of them"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pipetrain.schedule import Costs, TimedAction, build_schedule, parse_action, simulate
+from pipetrain.schedule import Costs, TimedAction, add_fsdp_actions, build_schedule, parse_action, simulate
 from pipetrain.trace import CATEGORIES, chrome_trace, measure_step, write_chrome_trace
 
 METADATA_NAMES = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
@@ -57,13 +57,16 @@ def check_trace(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return complete
 
 
-def _step(**options: Any) -> tuple[TimedAction, ...]:
+def _step(*, fsdp: bool = False, **options: Any) -> tuple[TimedAction, ...]:
     schedule = build_schedule("interleaved-1f1b", num_ranks=2, num_microbatches=4, **options)
-    return simulate(schedule, Costs(reduce=0.5, step=0.25, communication=0.1)).timeline
+    if fsdp:
+        schedule = add_fsdp_actions(schedule)
+    costs = Costs(reduce=0.5, step=0.25, communication=0.1, unshard=0.3)
+    return simulate(schedule, costs).timeline
 
 
 def test_structure_of_two_simulated_steps() -> None:
-    step = _step(stages_per_rank=2, optimizer_step=True, reduce=True)
+    step = _step(stages_per_rank=2, optimizer_step=True, reduce=True, fsdp=True)
     trace = chrome_trace([step, step])
     complete = check_trace(trace)
     actions = [e for e in complete if e["cat"] != "step"]
@@ -85,6 +88,9 @@ def test_structure_of_two_simulated_steps() -> None:
         if e["name"] == "thread_name"
     }
     assert names[(0, 2)] == "stage 2" and names[(1, 3)] == "stage 3"
+    # FSDP's gathers run beside the stage's work: a track of their own
+    assert names[(0, 10_002)] == "stage 2 FSDP gathers"
+    assert {e["tid"] for e in actions if e["cat"] == "gather" and e["pid"] == 0} == {10_000, 10_002}
     processes = {
         e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"
     }

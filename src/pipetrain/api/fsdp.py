@@ -6,20 +6,31 @@ its pipeline rank (each layer its own root: the runtime calls the layers one by 
 whose copies meet on one rank is refused, :func:`refuse_local_ties`). Its
 parameters, their gradients and the optimizer's state are then DTensors sharded over the
 replicas; FSDP's own hooks gather the parameters before a forward and reduce-scatter the
-gradients after a backward. What pipetrain decides, through FSDP's public switches only:
+gradients after a backward. When is a matter of the schedule: its ``UNSHARD``,
+``REDUCE`` and ``RESHARD`` actions (:func:`pipetrain.schedule.add_fsdp_actions`), which the
+simulator prices and the timeline and trace show:
 
-- **once per step**: the gradients are reduce-scattered (summed: pipetrain's loss already
-  weighs each micro-batch by its share of the global batch) in the stage's last backward
-  of the step only (``set_requires_gradient_sync``), earlier backwards accumulating into the
-  gathered gradients; the parameters are gathered by the step's first forward and kept
-  until that last backward (``set_reshard_after_backward``), unless
-  ``reshard_after_forward`` asks for one gather per forward and per backward (less memory).
+- **once per step** (the default): a stage's ``UNSHARD`` starts the all-gather of its
+  parameters one compute action before the stage's first, the parameters stay gathered
+  across the step's micro-batches (the backwards accumulate into gathered gradients, with
+  no reduction: ``set_requires_gradient_sync(False)``), its ``REDUCE`` reduce-scatters the
+  gradients (summed: pipetrain's loss already weighs each micro-batch by its share of the
+  global batch) and its ``RESHARD`` frees the gathered copy before the optimizer step.
+- with ``reshard_after_forward`` (less memory): FSDP's own hooks gather each layer in
+  every forward and backward that uses it and free it after, so a stage never holds more
+  than one gathered layer; there is no ``UNSHARD`` / ``RESHARD`` action, and ``REDUCE``
+  reduce-scatters as above. Where replicas run different numbers of micro-batches (a
+  smaller last batch) the step gathers once instead (each gather is a collective of all
+  replicas).
 - **every replica in step**: FSDP's collectives run on every replica of a stage at the same
   point of its action list (the replicas of a stage run the same program on their own
-  micro-batches). Where replicas run different numbers of micro-batches (a smaller last
-  batch, an evaluation), the parameters are gathered once, explicitly, by every replica.
+  micro-batches). An evaluation gathers every unit once, explicitly, on every replica (one
+  may have no micro-batch).
 
-FSDP computes each gathered gradient through autograd, so the fused weight-gradient
+FSDP has no public call that reduce-scatters outside an autograd backward; ``REDUCE`` runs
+FSDP's post-backward for the stage's units, as ``torch.distributed.pipelining`` does for its
+own ``REDUCE_GRAD`` action (:func:`reduce_now`), and the switches above are FSDP's public
+ones. FSDP computes each gathered gradient through autograd, so the fused weight-gradient
 backward (:mod:`pipetrain.backward.fused`, which writes ``.grad`` of the parameters the
 stage held when it was built) is off under FSDP, and the schedules that split backwards
 into input and weight halves are refused (:mod:`pipetrain.api.mesh`).
@@ -45,6 +56,7 @@ from pipetrain.schedule import Action, Op
 
 __all__ = [
     "ShardedStages",
+    "reduce_now",
     "refuse_local_ties",
     "shard_stages",
     "shared_units",
@@ -129,6 +141,42 @@ def refuse_local_ties(ties: Iterable[Sequence[tuple[int, str]]], *,
                     "rank), untied weights, or data_parallel='replicate'")
 
 
+def reduce_now(unit: FSDPModule) -> None:
+    """Reduce-scatter the gradients ``unit``'s backwards accumulated (a collective of its
+    mesh: every replica calls it at the same point), outside an autograd backward.
+
+    FSDP2 runs this from its post-backward hook; ``torch.distributed.pipelining`` calls the
+    same internals for its ``REDUCE_GRAD`` action, which is what this does.
+
+    Raises:
+        RuntimeError: this torch's FSDP2 lacks them (the message names the fix).
+
+    Example (in each process of a 2-replica job, after the step's backwards)::
+
+        for unit in sharded.stage_units[0]:
+            reduce_now(unit)
+    """
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch before FSDP2 allowed several groups per module
+        groups = [getattr(state, "_fsdp_param_group", None)]
+    finish = getattr(state, "_root_post_backward_final_callback", None)
+    if finish is None or not all(hasattr(g, "post_backward") for g in groups if g is not None):
+        raise RuntimeError(
+            f"data_parallel='fsdp': torch {torch.__version__}'s FSDP2 has no post-backward "
+            "that pipetrain can run for a REDUCE action (the one torch.distributed.pipelining "
+            "runs); fix: a torch release pipetrain supports (see its requirements), or "
+            "data_parallel='replicate'")
+    unit.set_requires_gradient_sync(True, recurse=False)
+    unit.set_is_last_backward(True)
+    for group in groups:
+        if group is not None:
+            group.post_backward()
+    finish()
+    unit.set_requires_gradient_sync(False, recurse=False)
+    unit.set_is_last_backward(False)
+
+
 class ShardedStages:
     """This rank's layers sharded with FSDP2 over ``mesh`` (the ``dp`` sub-mesh), and
     the per-step switches of :mod:`this module <pipetrain.api.fsdp>`.
@@ -142,7 +190,10 @@ class ShardedStages:
         sharded = ShardedStages(layers, stage_layers={0: [0, 1]}, mesh=mesh["dp"],
                                 reshard_after_forward=False)
         sharded.plan(actions)          # before a step
+        sharded.unshard(0)             # the step's 0UNSHARD action
         sharded.before_backward(0, 3)  # the stage's backward of micro-batch 3
+        sharded.reduce(0)              # 0REDUCE
+        sharded.reshard(0)             # 0RESHARD
     """
 
     def __init__(self, layers: Mapping[int, nn.Module], *, stage_layers: Mapping[int, Sequence[int]],
@@ -173,39 +224,46 @@ class ShardedStages:
             j: list(dict.fromkeys(unit_of_layer[i] for i in indices if i in unit_of_layer))
             for j, indices in stage_layers.items()
         }
-        self._last: dict[int, tuple[int, int]] = {}  # unit -> (stage, micro-batch key)
-        self._keep = False
+        self._gathered = False  # the step's actions gather the stages (UNSHARD)
 
     def replaced(self, param: nn.Parameter) -> nn.Parameter:
         """The sharded parameter that replaced ``param`` (``param`` if it was not sharded)."""
         return self._replaced.get(id(param), param)
 
-    def plan(self, actions: Iterable[Action], *, key_offset: int = 0, even: bool = True) -> None:
-        """Note, for each unit, the backward of this rank's ``actions`` that is its last
-        of the step: the one whose hook reduce-scatters its gradients. ``even``: every
-        replica of the stage runs as many micro-batches as this one; when not, a policy
-        of one gather per forward would gather a different number of times on each
-        replica, so the step gathers once and keeps the parameters until its last
-        backward."""
-        self._keep = self.reshard_after_forward and not even
-        if self._keep:
-            for unit in self.units:
-                unit.set_reshard_after_forward(False)
-        self._last = {}
-        for a in actions:
-            if a.op is Op.BACKWARD and a.microbatch is not None:
-                for unit in self.stage_units.get(a.stage, ()):
-                    self._last[id(unit)] = (a.stage, a.microbatch + key_offset)
+    def plan(self, actions: Iterable[Action]) -> None:
+        """Set the switches for a step of this rank's ``actions``: with their ``UNSHARD``
+        actions the parameters stay gathered from the stage's ``UNSHARD`` to its
+        ``RESHARD``; without, FSDP gathers and frees each layer in each forward and
+        backward (``reshard_after_forward``). No backward reduces: ``REDUCE`` does."""
+        self._gathered = any(a.op is Op.UNSHARD for a in actions)
+        for unit in self.units:
+            unit.set_reshard_after_forward(self.reshard_after_forward and not self._gathered)
 
     def before_backward(self, stage: int, key: int) -> None:
-        """Set the switches of the stage's units for the backward of micro-batch ``key``:
-        reduce (and free the gathered parameters) in the unit's last backward only."""
+        """Set the switches of the stage's units for a backward (of micro-batch ``key``):
+        accumulate the gradients, and free the gathered parameters after it only when
+        the step does not keep them gathered."""
         for unit in self.stage_units.get(stage, ()):
-            last = self._last.get(id(unit)) == (stage, key)
-            unit.set_requires_gradient_sync(last, recurse=False)
-            unit.set_is_last_backward(last)
-            unit.set_reshard_after_backward(
-                last or (self.reshard_after_forward and not self._keep), recurse=False)
+            unit.set_requires_gradient_sync(False, recurse=False)
+            unit.set_is_last_backward(False)
+            unit.set_reshard_after_backward(not self._gathered, recurse=False)
+
+    def unshard(self, stage: int) -> None:
+        """``UNSHARD``: start gathering the stage's parameters (FSDP waits for them before
+        the units' next forward or backward)."""
+        for unit in self.stage_units.get(stage, ()):
+            unit.unshard(async_op=True)
+
+    def reduce(self, stage: int) -> None:
+        """``REDUCE``: reduce-scatter the gradients the stage's backwards accumulated
+        (:func:`reduce_now`)."""
+        for unit in self.stage_units.get(stage, ()):
+            reduce_now(unit)
+
+    def reshard(self, stage: int) -> None:
+        """``RESHARD``: free the stage's gathered parameters (no communication)."""
+        for unit in self.stage_units.get(stage, ()):
+            unit.reshard()
 
     def gather(self, *, keep: bool) -> None:
         """Gather every unit's parameters now (every replica calls it, in the same order);
@@ -221,7 +279,7 @@ class ShardedStages:
         for unit in self.units:
             unit.reshard()
             unit.set_reshard_after_forward(self.reshard_after_forward)
-        self._keep = False
+        self._gathered = False
 
     def attach(self, stages: Iterable[StageCompute]) -> None:
         """Have ``stages`` call :meth:`before_backward` before each backward."""
@@ -229,10 +287,10 @@ class ShardedStages:
             stage.before_backward = self.before_backward
 
     @contextlib.contextmanager
-    def training(self, actions: Iterable[Action], *, even: bool) -> Iterator[None]:
+    def training(self, actions: Iterable[Action]) -> Iterator[None]:
         """A training step's block: :meth:`plan` before, :meth:`release` after (also
         after a failure)."""
-        self.plan(actions, even=even)
+        self.plan(actions)
         try:
             yield
         finally:

@@ -226,6 +226,7 @@ class Pipeline:
             stages=self.stages,
             transport=self.transport,
             hooks=self.optimizers,
+            shards=self.sharded,
         )
         self.async_state: AsyncTraining | None = None
         """The stream, weight versions and updates of an asynchronous schedule (see
@@ -367,7 +368,7 @@ class Pipeline:
         self.optimizers.loss_sum = lambda: loss_sum(self._own_losses(io), self._scalar_device)
         self._set_mode(training=True)
         actions = self._schedules.actions(self.schedule_name, n, rank=self._layout_rank)
-        with (self.sharded.training(actions, even=n % self.num_replicas == 0)
+        with (self.sharded.training(actions)
               if self.sharded is not None else contextlib.nullcontext()):
             self._run(actions, io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pipetrain.api.config import PipelineConfig
 from pipetrain.api.layout import Layout
-from pipetrain.schedule import Action, Op, Schedule, build_schedule
+from pipetrain.schedule import Action, Op, Schedule, add_fsdp_actions, build_schedule, validate
 
 __all__ = ["StepSchedules"]
 
@@ -56,7 +56,7 @@ class StepSchedules:
         if key not in self._built:
             training = name != "forward"
             counts = self.layout.replica_counts
-            self._built[key] = build_schedule(
+            schedule = build_schedule(
                 name,
                 num_ranks=self.config.num_stages,
                 num_microbatches=num_microbatches,
@@ -67,7 +67,21 @@ class StepSchedules:
                 placement=None if training else self.layout.stage_to_rank,
                 vertical_sync=self.config.vertical_sync and name == "pipedream",
             )
+            if training and self._gathers_once(num_microbatches):
+                schedule = add_fsdp_actions(schedule)
+                validate(schedule)
+            self._built[key] = schedule
         return self._built[key]
+
+    def _gathers_once(self, num_microbatches: int) -> bool:
+        """Whether a training step of ``num_microbatches`` gathers each FSDP stage once
+        (``UNSHARD`` ... ``RESHARD``): always, unless ``reshard_after_forward`` has FSDP
+        gather each layer for each forward and backward, which needs every replica to
+        run as many micro-batches (each gather is a collective of all of them)."""
+        if self.config.data_parallel != "fsdp":
+            return False
+        replicas = max(self.layout.replica_counts)
+        return not self.config.reshard_after_forward or num_microbatches % replicas != 0
 
     def check(self, name: str, num_microbatches: int) -> None:
         """Build the schedule once, to refuse at construction one that cannot run.

@@ -27,7 +27,7 @@ from pipetrain.runtime.stage import LOSS_NOTE, StageCompute
 from pipetrain.runtime.transport import ACTIVATION, GRADIENT, Channel, Placement, Transport, handoff
 from pipetrain.schedule import Action, Op, TimedAction
 
-__all__ = ["Placement", "RankExecutor", "StepHooks", "StepIO", "VersionHooks", "describe_value"]
+__all__ = ["Placement", "RankExecutor", "ShardHooks", "StepHooks", "StepIO", "VersionHooks", "describe_value"]
 
 
 _NOTE = "pipetrain: raised by rank"
@@ -50,6 +50,20 @@ class StepHooks(Protocol):
 
     def step(self, stage: int) -> None:
         """Finish the reduction of ``stage``, step its optimizer, zero its gradients."""
+
+
+class ShardHooks(Protocol):
+    """What FSDP's ``UNSHARD``, ``REDUCE`` and ``RESHARD`` actions do to a stage's
+    sharded parameters; provided by the training API under ``data_parallel='fsdp'``."""
+
+    def unshard(self, stage: int) -> None:
+        """Start gathering the stage's parameters."""
+
+    def reduce(self, stage: int) -> None:
+        """Reduce-scatter the gradients the stage's backwards accumulated."""
+
+    def reshard(self, stage: int) -> None:
+        """Free the stage's gathered parameters."""
 
 
 @dataclass
@@ -117,6 +131,7 @@ class RankExecutor:
         transport: Transport,
         hooks: StepHooks | None = None,
         versions: Mapping[int, VersionHooks] | None = None,
+        shards: ShardHooks | None = None,
     ) -> None:
         self.rank = rank
         self.placement = placement
@@ -124,6 +139,9 @@ class RankExecutor:
         self.stages = dict(stages)
         self.transport = transport
         self.hooks = hooks
+        self.shards = shards
+        """FSDP's gathers and reduce-scatters (``None``: the parameters are whole, and
+        ``UNSHARD`` / ``RESHARD`` do nothing)."""
         self.versions = dict(versions or {})
         """Per stage, its weight versions (asynchronous schedules; empty otherwise)."""
         self._inbox: dict[tuple[str, int, int], Any] = {}
@@ -259,10 +277,18 @@ class RankExecutor:
     def _dispatch(self, action: Action, io: StepIO) -> None:
         op, j, i = action.op, action.stage, action.microbatch
         if i is None:
-            if op is Op.REDUCE_GRAD and self.hooks is not None:
-                self.hooks.reduce(j)
-            elif op is Op.OPTIMIZER_STEP and self.hooks is not None:
-                self.hooks.step(j)
+            shards, hooks = self.shards, self.hooks
+            if op is Op.REDUCE_GRAD:
+                if shards is not None:
+                    shards.reduce(j)
+                if hooks is not None:
+                    hooks.reduce(j)
+            elif op is Op.OPTIMIZER_STEP and hooks is not None:
+                hooks.step(j)
+            elif op is Op.UNSHARD and shards is not None:
+                shards.unshard(j)
+            elif op is Op.RESHARD and shards is not None:
+                shards.reshard(j)
             return
         key = i + io.key_offset
         if op is Op.FORWARD:

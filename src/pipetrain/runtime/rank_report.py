@@ -14,7 +14,7 @@ from pipetrain.schedule import Action, Op
 
 __all__ = ["awaited", "rank_report"]
 
-_COLLECTIVES = (Op.REDUCE_GRAD, Op.OPTIMIZER_STEP)
+_COLLECTIVES = (Op.REDUCE_GRAD, Op.OPTIMIZER_STEP, Op.UNSHARD)
 
 
 def awaited(executor: Any, action: Action) -> dict[str, Any] | None:

@@ -28,7 +28,12 @@ from pipetrain.schedule.gpipe import gpipe
 from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
 from pipetrain.schedule.looped_bfs import looped_bfs
-from pipetrain.schedule.lowering import add_communication, add_optimizer_step, complete_lowering
+from pipetrain.schedule.lowering import (
+    add_communication,
+    add_fsdp_actions,
+    add_optimizer_step,
+    complete_lowering,
+)
 from pipetrain.schedule.memory import ActivationPeaks, StageBytes, activation_peaks
 from pipetrain.schedule.one_f_one_b import one_f_one_b
 from pipetrain.schedule.pipedream import pipedream
@@ -79,6 +84,7 @@ __all__ = [
     "TimedAction",
     "activation_peaks",
     "add_communication",
+    "add_fsdp_actions",
     "add_optimizer_step",
     "build_schedule",
     "canonical_name",

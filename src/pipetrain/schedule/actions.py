@@ -18,8 +18,9 @@ suffix ``v{version}``: ``0F3`` (stage 0, forward of micro-batch 3), ``1B2`` (sta
 backward of micro-batch 2), ``2I0`` / ``2W0`` (backward for inputs / for weights only),
 ``1SF3`` / ``2RF3`` (send / receive the activations of micro-batch 3 between stages 1 and
 2), ``2SB3`` / ``1RB3`` (send / receive the gradients), ``0REDUCE`` (all-reduce stage 0's
-gradients over its replicas), ``0STEP`` (optimizer step of stage 0). :func:`parse_action`
-reads that form back.
+gradients over its replicas; reduce-scatter them under FSDP), ``0UNSHARD`` / ``0RESHARD``
+(FSDP: gather stage 0's sharded parameters over its replicas / free the gathered copy),
+``0STEP`` (optimizer step of stage 0). :func:`parse_action` reads that form back.
 
 Communication semantics: a send never blocks (it is posted and completes in the
 background); a receive blocks until the matching send has been posted. Every send has
@@ -63,7 +64,13 @@ class Op(enum.Enum):
     RECV_BACKWARD = "RB"
     """Receive the gradients of the stage's outputs of a micro-batch from stage ``j + 1``."""
     REDUCE_GRAD = "REDUCE"
-    """Start the all-reduce of the stage's gradients over its replica (and tie) groups."""
+    """Start the all-reduce of the stage's gradients over its replica (and tie) groups
+    (under FSDP: the reduce-scatter of the gradients its backwards accumulated)."""
+    UNSHARD = "UNSHARD"
+    """FSDP: start gathering the stage's sharded parameters over its replicas (an
+    all-gather; the stage's next compute action waits for it)."""
+    RESHARD = "RESHARD"
+    """FSDP: free the stage's gathered parameters, keeping its shards (no communication)."""
     OPTIMIZER_STEP = "STEP"
     """Apply the stage's optimizer (and LR scheduler), then zero its gradients."""
 
@@ -118,7 +125,8 @@ class Action(NamedTuple):
     op: Op
     """What the action does."""
     microbatch: int | None = None
-    """Micro-batch index ``i``; ``None`` for per-step actions (``REDUCE``, ``STEP``)."""
+    """Micro-batch index ``i``; ``None`` for per-step actions (``REDUCE``, ``STEP``,
+    ``UNSHARD``, ``RESHARD``)."""
     version: int | None = None
     """Weight version the action uses or produces; ``None`` for the synchronous schedules
     (which always use the current weights). Asynchronous schedules (weight stashing, 2BW)

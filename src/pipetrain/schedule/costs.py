@@ -30,7 +30,9 @@ class Costs:
     message arrives); ``send`` is the time an explicit send (``SF``/``SB``) keeps the
     sending rank busy (packing and posting the message; 0: sends are free). ``reduce`` is the duration of one
     stage's gradient all-reduce (it runs in the background; the stage's ``STEP`` waits
-    for it); ``step`` is the optimizer step.
+    for it); ``step`` is the optimizer step; ``unshard`` is the duration of an FSDP
+    stage's parameter all-gather (``UNSHARD``: in the background, the stage's next compute
+    action waits for it).
 
     Example:
         >>> costs = Costs(forward=1, backward_input=1.5)
@@ -49,6 +51,7 @@ class Costs:
     send: CostValue = 0.0
     reduce: CostValue = 0.0
     step: CostValue = 0.0
+    unshard: CostValue = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -115,6 +118,7 @@ class Costs:
             send=expand(self.send),
             reduce=expand(self.reduce),
             step=expand(self.step),
+            unshard=expand(self.unshard),
         )
 
     @classmethod
@@ -127,7 +131,7 @@ class Costs:
             >>> Costs.parse("fwd=1")
             Traceback (most recent call last):
             ...
-            ValueError: unknown cost 'fwd' in 'fwd=1'; known: forward, backward, backward_input, backward_weight, communication, send, reduce, step
+            ValueError: unknown cost 'fwd' in 'fwd=1'; known: forward, backward, backward_input, backward_weight, communication, send, reduce, step, unshard
 
         Raises:
             ValueError: an unknown name, a repeated name, or a value that is not a number.
@@ -180,13 +184,16 @@ class StageCosts:
     send: tuple[float, ...]
     reduce: tuple[float, ...]
     step: tuple[float, ...]
+    unshard: tuple[float, ...]
 
 
 _NAMES = tuple(f.name for f in fields(Costs))
 
-LAYER_COSTS = ("forward", "backward", "backward_input", "backward_weight", "reduce", "step")
-"""The costs that grow with a stage's layers (its compute, its gradients' all-reduce and
-its optimizer step); a message's ``communication`` and ``send`` do not."""
+LAYER_COSTS = ("forward", "backward", "backward_input", "backward_weight", "reduce", "step",
+               "unshard")
+"""The costs that grow with a stage's layers (its compute, its gradients' all-reduce, its
+parameters' all-gather and its optimizer step); a message's ``communication`` and ``send``
+do not."""
 
 
 def even_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -7,7 +7,10 @@ a send keeps the sender busy for its ``send`` cost (0 by default) and arrives
 return them) gets implicit messages: a forward whose previous stage lives on another rank
 waits for that stage's forward (plus the latency), and likewise a backward for the next
 stage's backward (``B`` or ``I``). ``REDUCE`` starts an all-reduce that runs in the
-background for its cost; the stage's ``STEP`` waits for it, then takes its cost.
+background for its cost; the stage's ``STEP`` waits for it, then takes its cost. FSDP's
+``UNSHARD`` starts a gather of the stage's parameters in the background for its
+``unshard`` cost, and the stage's next compute action on that rank waits for it;
+``RESHARD`` takes no time (and frees once the stage's background ``REDUCE`` has ended).
 
 Whether a rank can go on depends only on which actions have run, never on their cost, so
 a schedule deadlocks under every costs or under none.
@@ -74,7 +77,7 @@ class Execution:
 
 
 # kinds of compiled steps
-_COMPUTE, _SEND, _RECV, _REDUCE, _STEP = range(5)
+_COMPUTE, _SEND, _RECV, _REDUCE, _STEP, _UNSHARD, _RESHARD = range(7)
 # a message key: (op that produces it, stage, micro-batch)
 _Key = tuple[Op, int, int]
 # kind, action, duration, awaited key, published key, publish latency
@@ -102,7 +105,8 @@ def execute(schedule: Schedule, costs: StageCosts, *, record: bool = True) -> Ex
     num_ranks = len(programs)
     arrival: dict[_Key, float] = {}
     waiting: dict[_Key, list[int]] = {}
-    reduce_end: dict[int, float] = {}
+    reduce_end: dict[tuple[int, int], float] = {}  # (rank, stage) -> when its REDUCE ends
+    gathered: dict[tuple[int, int], float] = {}  # (rank, stage) -> when its UNSHARD ends
     position = [0] * num_ranks
     clock = [0.0] * num_ranks
     timelines: list[list[TimedAction]] = [[] for _ in range(num_ranks)]
@@ -129,10 +133,16 @@ def execute(schedule: Schedule, costs: StageCosts, *, record: bool = True) -> Ex
                 end = t = t + duration
             elif kind == _REDUCE:
                 end = start + duration
-                reduce_end[action.stage] = end
+                reduce_end[(r, action.stage)] = end
+            elif kind == _UNSHARD:
+                end = gathered[(r, action.stage)] = start + duration
+            elif kind == _RESHARD:  # frees once the reduce-scatter has read the gradients
+                start = end = max(start, reduce_end.get((r, action.stage), start))
             else:
                 if kind == _STEP:
-                    start = max(start, reduce_end.get(action.stage, start))
+                    start = max(start, reduce_end.get((r, action.stage), start))
+                elif gathered:
+                    start = max(start, gathered.get((r, action.stage), start))
                 end = t = start + duration
             if record:
                 out.append(TimedAction(r, action, start, end))
@@ -162,6 +172,10 @@ def _compile(
         return (_REDUCE, action, costs.reduce[j], None, None, 0.0)
     if op is Op.OPTIMIZER_STEP:
         return (_STEP, action, costs.step[j], None, None, 0.0)
+    if op is Op.UNSHARD:
+        return (_UNSHARD, action, costs.unshard[j], None, None, 0.0)
+    if op is Op.RESHARD:
+        return (_RESHARD, action, 0.0, None, None, 0.0)
     if i is None:  # reported by the validator
         return (_SEND, action, 0.0, None, None, 0.0)
     latency = costs.communication[j]

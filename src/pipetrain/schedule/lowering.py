@@ -1,4 +1,5 @@
-"""Lowering: from compute-only schedules to what ranks run (messages, all-reduce, step)."""
+"""Lowering: from compute-only schedules to what ranks run (messages, all-reduce, step,
+FSDP's gathers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from pipetrain.schedule.actions import Action, Op
 from pipetrain.schedule.program import Schedule
 
-__all__ = ["add_communication", "add_optimizer_step", "complete_lowering"]
+__all__ = ["add_communication", "add_fsdp_actions", "add_optimizer_step", "complete_lowering"]
 
 _BACKWARD = (Op.BACKWARD, Op.BACKWARD_INPUT)
 _LAST_BACKWARD = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
@@ -98,6 +99,56 @@ def add_optimizer_step(schedule: Schedule, *, reduce: bool) -> Schedule:
                     after += 1
                 rank_actions.insert(after, Action(j, Op.REDUCE_GRAD))
         rank_actions += [Action(j, Op.OPTIMIZER_STEP) for j in schedule.stages_of(r)]
+        lowered.append(rank_actions)
+    return schedule.replace_actions(lowered)
+
+
+def add_fsdp_actions(schedule: Schedule) -> Schedule:
+    """Add FSDP's parameter gathers: each stage's ``UNSHARD`` one compute action before
+    the stage's first action on its rank (the all-gather overlaps that action; at the
+    start of the list if none precedes it), and its ``RESHARD`` after its ``REDUCE`` (in a
+    forward-only schedule, after its last action). The parameters stay gathered across
+    the step's micro-batches: one all-gather and one reduce-scatter per stage and step.
+
+    Example:
+        >>> from pipetrain.schedule.registry import build_schedule
+        >>> s = build_schedule("1f1b", num_ranks=2, num_microbatches=2, optimizer_step=True,
+        ...                    reduce=True)
+        >>> print(add_fsdp_actions(s))
+        rank 0: 0UNSHARD 0F0 0SF0 0F1 0SF1 0RB0 0B0 0RB1 0B1 0REDUCE 0RESHARD 0STEP
+        rank 1: 1UNSHARD 1RF0 1F0 1B0 1SB0 1RF1 1F1 1B1 1SB1 1REDUCE 1RESHARD 1STEP
+
+    Raises:
+        ValueError: the schedule already has ``UNSHARD`` or ``RESHARD`` actions, or it is
+            a training schedule without a ``REDUCE`` for each of its stages.
+    """
+    _check_no(schedule, lambda a: a.op in (Op.UNSHARD, Op.RESHARD),
+              what="UNSHARD or RESHARD actions")
+    lowered = []
+    for r, actions in enumerate(schedule.actions):
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for p, a in enumerate(actions):
+            if a.op.needs_microbatch or a.op is Op.REDUCE_GRAD:
+                first.setdefault(a.stage, p)
+                if schedule.is_training is False or a.op is Op.REDUCE_GRAD:
+                    last[a.stage] = p
+        missing = sorted(set(first) - set(last))
+        if missing:
+            raise ValueError(f"schedule {schedule.name!r}: rank {r} has no REDUCE for stage(s) "
+                             f"{missing}, after which FSDP frees the gathered parameters; fix: "
+                             "lower it with add_optimizer_step(schedule, reduce=True) first")
+        before: dict[int, list[int]] = {}
+        for j, p in first.items():
+            earlier = [q for q in range(p) if actions[q].op.is_compute]
+            before.setdefault(earlier[-1] if earlier else 0, []).append(j)
+        after = {p: j for j, p in last.items()}
+        rank_actions: list[Action] = []
+        for p, a in enumerate(actions):
+            rank_actions += [Action(j, Op.UNSHARD) for j in before.get(p, ())]
+            rank_actions.append(a)
+            if p in after:
+                rank_actions.append(Action(after[p], Op.RESHARD))
         lowered.append(rank_actions)
     return schedule.replace_actions(lowered)
 

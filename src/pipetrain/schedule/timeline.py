@@ -18,12 +18,14 @@ OP_COLORS = {
     Op.BACKWARD_INPUT: "#3fa34d",
     Op.BACKWARD_WEIGHT: "#956cb4",
     Op.REDUCE_GRAD: "#8c613c",
+    Op.UNSHARD: "#17becf",
     Op.OPTIMIZER_STEP: "#d62728",
 }
 """Box colour of each op drawn (sends are not drawn; receives only as waits)."""
 WAIT_COLOR = "#7f7f7f"
 """Hatch colour of the time a rank waited in a receive (``waits=True``)."""
 _RECEIVES = (Op.RECV_FORWARD, Op.RECV_BACKWARD)
+_BACKGROUND = (Op.REDUCE_GRAD, Op.UNSHARD)  # collectives drawn as thin bars
 
 _NAMES = {
     Op.FORWARD: "F forward",
@@ -31,6 +33,7 @@ _NAMES = {
     Op.BACKWARD_INPUT: "I backward (inputs)",
     Op.BACKWARD_WEIGHT: "W backward (weights)",
     Op.REDUCE_GRAD: "REDUCE all-reduce",
+    Op.UNSHARD: "UNSHARD all-gather (FSDP)",
     Op.OPTIMIZER_STEP: "STEP optimizer",
 }
 _LEFT, _RIGHT = 0.6, 0.3  # figure margins, inches
@@ -47,8 +50,9 @@ def render_timeline(
 ) -> None:
     """Draw a timeline (simulated, or measured with any float times) to a PNG file.
 
-    One row per rank (rank 0 on top); a box per compute action, ``REDUCE`` (a thin bar
-    along the bottom of the row, as it runs in the background) and ``STEP``, coloured
+    One row per rank (rank 0 on top); a box per compute action, ``REDUCE`` and FSDP's
+    ``UNSHARD`` (thin bars along the bottom of the row, as they run in the background;
+    ``RESHARD`` takes no time and is not drawn) and ``STEP``, coloured
     by op and labelled like the text grid (``F3``, or ``2F3`` with several stages per
     rank) where the whole label fits (a box too small for it stays unlabelled: never a
     fragment); the legend names every colour, the empty (idle) time too. Sends are not drawn;
@@ -122,7 +126,7 @@ def render_timeline(
                 clip_on=True,
             )
     for op, items in bars.items():
-        low, thick = (0.22, 0.16) if op is Op.REDUCE_GRAD else (-0.4, 0.8)
+        low, thick = (0.22, 0.16) if op in _BACKGROUND else (-0.4, 0.8)
         for rank in {r for r, _, _ in items}:
             axes.broken_barh(
                 [(s, d) for r, s, d in items if r == rank],

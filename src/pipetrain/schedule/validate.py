@@ -90,7 +90,8 @@ def find_problems(schedule: Schedule) -> list[str]:
     next stage's ``B``/``I`` on the same rank, else an ``RB``), ``W`` after ``I``, each
     send after what it sends; every send matched by exactly one receive and the reverse,
     none between stages of one rank; ``REDUCE`` and ``STEP`` after the stage's last
-    backward, ``REDUCE`` before ``STEP``; and no deadlock when sends never block and
+    backward, ``REDUCE`` before ``STEP``; FSDP's ``UNSHARD`` / ``RESHARD`` paired around
+    the stage's work (:func:`_shard_problems`); and no deadlock when sends never block and
     receives wait for their send. Without communication actions, cross-rank data flow
     is implicit (a forward waits for the previous stage's forward on its rank, ...).
 
@@ -174,6 +175,7 @@ def _structure_problems(schedule: Schedule) -> list[str]:
         problems += version_problems(schedule)
     else:
         problems += _step_problems(schedule, where)
+    problems += _shard_problems(schedule)
     return problems
 
 
@@ -293,6 +295,49 @@ def _message_problems(where: dict[_Key, list[tuple[int, int]]]) -> list[str]:
                 f"rank {r}, position {p}: {Action(j, op, i)} runs {len(places)} times but "
                 f"each message is sent and received exactly once"
             )
+    return problems
+
+
+def _shard_problems(schedule: Schedule) -> list[str]:
+    """FSDP's gathers, for each stage of a rank that has an ``UNSHARD``: its compute
+    actions and ``REDUCE`` between an ``UNSHARD`` and the next ``RESHARD``, no ``UNSHARD``
+    of gathered parameters nor ``RESHARD`` of sharded ones, ``STEP`` on the shards, the
+    stage sharded again at the end; and as many gathers on every rank holding the stage
+    (each is a collective of its replicas)."""
+    problems = []
+    gathers: dict[int, dict[int, int]] = defaultdict(dict)  # stage -> rank -> UNSHARDs
+    for r, acts in enumerate(schedule.actions):
+        fsdp = {a.stage for a in acts if a.op is Op.UNSHARD or a.op is Op.RESHARD}
+        gathered: set[int] = set()
+        for p, a in enumerate(acts):
+            j = a.stage
+            if j not in fsdp:
+                continue
+            where = f"rank {r}, position {p}: {a}"
+            if a.op is Op.UNSHARD:
+                gathers[j][r] = gathers[j].get(r, 0) + 1
+                if j in gathered:
+                    problems.append(f"{where} gathers parameters already gathered (no "
+                                    f"{Action(j, Op.RESHARD)} since the last {a})")
+                gathered.add(j)
+            elif a.op is Op.RESHARD:
+                if j not in gathered:
+                    problems.append(f"{where} frees parameters that are not gathered")
+                gathered.discard(j)
+            elif a.op is Op.OPTIMIZER_STEP and j in gathered:
+                problems.append(f"{where} updates stage {j} while its parameters are gathered; "
+                                f"fix: {Action(j, Op.RESHARD)} before it")
+            elif (a.op.is_compute or a.op is Op.REDUCE_GRAD) and j not in gathered:
+                problems.append(f"{where} runs on sharded parameters; fix: "
+                                f"{Action(j, Op.UNSHARD)} before it")
+        problems += [f"rank {r}: stage {j}'s parameters are still gathered at the end; fix: "
+                     f"{Action(j, Op.RESHARD)} after its last action" for j in sorted(gathered)]
+    for j, counts in sorted(gathers.items()):
+        holders = {r: counts.get(r, 0) for r in schedule.ranks_of(j)}
+        if len(set(holders.values())) > 1:
+            problems.append(f"stage {j}'s replicas gather its parameters a different number of "
+                            f"times ({', '.join(f'rank {r}: {n}' for r, n in holders.items())}): "
+                            "each gather is a collective of all of them")
     return problems
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipetrain.schedule import Op, TimedAction
+from pipetrain.schedule import Action, Op, TimedAction
 from pipetrain.trace.measure import measure_step
 from pipetrain.trace.recorded import check_timeline
 
@@ -32,11 +32,15 @@ CATEGORIES = {
     Op.RECV_FORWARD: "receive",
     Op.RECV_BACKWARD: "receive",
     Op.REDUCE_GRAD: "reduce",
+    Op.UNSHARD: "gather",
+    Op.RESHARD: "gather",
     Op.OPTIMIZER_STEP: "optimizer",
 }
 """Trace-event category (``cat``) of each op; steps have the category ``step``."""
 
 _MICROSECONDS = 1e6
+_GATHERS = (Op.UNSHARD, Op.RESHARD)
+_GATHER_TRACKS = 10_000  # thread id of stage j's gathers: 10000 + j
 
 
 def chrome_trace(
@@ -128,7 +132,7 @@ def chrome_trace(
                     "ts": ts,
                     "dur": round(micros(t.end + offset) - ts, 3),
                     "pid": t.rank,
-                    "tid": t.action.stage,
+                    "tid": _track(t.action),
                     "args": args,
                 }
             )
@@ -216,9 +220,10 @@ def _names(
 ) -> list[dict[str, Any]]:
     """The metadata events naming and ordering the processes (ranks) and threads (stages)."""
     stages: dict[int, set[int]] = {r: set() for r in range(num_ranks)}
+    gathers: dict[int, set[int]] = {r: set() for r in range(num_ranks)}
     for step in steps:
         for t in step:
-            stages[t.rank].add(t.action.stage)
+            (gathers if t.action.op in _GATHERS else stages)[t.rank].add(t.action.stage)
     events: list[dict[str, Any]] = []
 
     def name(pid: int, tid: int, what: str, args: dict[str, Any]) -> None:
@@ -234,4 +239,13 @@ def _names(
         for j in sorted(stages[r]):
             name(r, j, "thread_name", {"name": f"stage {j}"})
             name(r, j, "thread_sort_index", {"sort_index": j})
+        for j in sorted(gathers[r]):
+            name(r, _GATHER_TRACKS + j, "thread_name", {"name": f"stage {j} FSDP gathers"})
+            name(r, _GATHER_TRACKS + j, "thread_sort_index", {"sort_index": _GATHER_TRACKS + j})
     return events
+
+
+def _track(action: Action) -> int:
+    """The thread an action is drawn on: its stage's, or (FSDP's gathers, which run in the
+    background beside the stage's work) a track of the stage's gathers."""
+    return _GATHER_TRACKS + action.stage if action.op in _GATHERS else action.stage
