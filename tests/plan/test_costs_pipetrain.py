@@ -202,3 +202,25 @@ def test_every_optimizer_step_waits_for_every_stages_gradients() -> None:
     candidate = Candidate(schedule="gpipe", num_microbatches=2)
     assert simulate_step(loads, [1, 1], candidate, bandwidth=1e9).makespan == pytest.approx(10.5)
     assert predicted_step(loads, [1, 1], candidate, bandwidth=1e9) == pytest.approx(13.0)
+
+
+def test_an_fsdp_plan_simulates_its_gathers_and_reduce_scatters() -> None:
+    # 2 stages of 2 replicas, 1 GB of parameters and of gradients each, 1 GB/s
+    loads = [_load(is_first=j == 0, is_last=j == 1, input_bytes=0.0, parameter_bytes=1e9,
+                   gradient_bytes=1e9) for j in range(2)]
+    fsdp = Candidate(schedule="1f1b", num_microbatches=4, data_parallel="fsdp")
+    replicated = Candidate(schedule="1f1b", num_microbatches=4)
+    sharded = step_costs(loads, [2, 2], fsdp, bandwidth=1e9)
+    assert sharded.unshard == (0.5, 0.5) and sharded.reduce == (0.5, 0.5)  # (r - 1) / r * bytes
+    whole = step_costs(loads, [2, 2], replicated, bandwidth=1e9)
+    assert whole.unshard == (0.0, 0.0) and whole.reduce == (1.0, 1.0)  # ring all-reduce
+    # the gathers are the schedule's actions: stage 0's first forward waits for its own
+    step = simulate_step(loads, [2, 2], fsdp, bandwidth=1e9)
+    timed = {(t.rank, str(t.action)): t for t in step.timeline}
+    assert timed[(0, "0UNSHARD")].end == 0.5 == timed[(0, "0F0")].start
+    assert timed[(0, "0RESHARD")].start >= timed[(0, "0REDUCE")].end
+    plain = simulate_step(loads, [2, 2], replicated, bandwidth=1e9)
+    assert not any(t.action.op.value == "UNSHARD" for t in plain.timeline)
+    # one worker per stage: nothing to shard, whatever the candidate says
+    assert simulate_step(loads, [1, 1], fsdp, bandwidth=1e9).makespan == pytest.approx(
+        simulate_step(loads, [1, 1], replicated, bandwidth=1e9).makespan)

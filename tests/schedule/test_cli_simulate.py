@@ -306,3 +306,18 @@ def test_jitter_plays_both_orders(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--schedule", "2bw", "--stages", "2", "--microbatches", "2",
                  "--jitter", "delay=1"]) == 2
     assert "synchronous schedules" in capsys.readouterr().err
+
+
+def test_fsdp_prices_each_stages_gather_and_reduce_scatter(capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ["--stages", "2", "--microbatches", "4"]
+    plain = _json(capsys, "--schedule", "1f1b", *shape)
+    fsdp = _json(capsys, "--schedule", "1f1b", *shape, "--fsdp", "--cost", "unshard=0.5,reduce=0.25")
+    # rank 0's first forward waits for its gather; rank 0's reduce-scatter ends the step
+    assert fsdp["makespan"] == plain["makespan"] + 0.5 + 0.25
+    assert fsdp["stage_costs"]["unshard"] == [0.5, 0.5]  # type: ignore[index]
+    assert main(["simulate", "--schedule", "1f1b", *shape, "--fsdp"]) == 0
+    grid = capsys.readouterr().out
+    assert f"makespan {plain['makespan']:g}," in grid  # free gathers and reductions cost nothing
+    for schedule, why in (("pipedream", "not pipedream"), ("forward", "not forward")):
+        assert main(["simulate", "--schedule", schedule, *shape, "--fsdp"]) == 2
+        assert why in capsys.readouterr().err

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from pipetrain.schedule import Costs, TimedAction, add_fsdp_actions, build_schedule, parse_action, simulate
+from pipetrain.schedule import (
+    Costs,
+    TimedAction,
+    add_fsdp_actions,
+    build_schedule,
+    parse_action,
+    simulate,
+)
 from pipetrain.trace import CATEGORIES, chrome_trace, measure_step, write_chrome_trace
 
 METADATA_NAMES = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}

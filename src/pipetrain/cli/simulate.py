@@ -22,6 +22,7 @@ from pipetrain.schedule import (
     SCHEDULE_NAMES,
     Costs,
     Schedule,
+    add_fsdp_actions,
     build_schedule,
     canonical_name,
     default_stages_per_rank,
@@ -84,7 +85,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="per-action costs of one rank's share of the model (1/K of it; a stage holding "
              "part of that share costs its part): forward, backward, backward_input, "
              "backward_weight, communication (a message's latency), send (how long posting a "
-             "message keeps the sender busy), reduce, step; e.g. forward=1,backward=2,"
+             "message keeps the sender busy), reduce, step, unshard (--fsdp); e.g. "
+             "forward=1,backward=2,"
              "communication=0.1,send=0.05 (default forward=1, backward 2, I and W 1 each); "
              "per stage, taken as given: forward=1:1:2",
     )
@@ -126,6 +128,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
              "times its cost), ranks (colon-separated; default all), link (extra latency of "
              "their messages), seed; e.g. --jitter delay=0.4,ranks=1,seed=0",
     )
+    parser.add_argument(
+        "--fsdp", action="store_true",
+        help="the stages' parameters are FSDP-sharded over replicas: each step gathers a "
+             "stage's parameters (UNSHARD, an all-gather priced by the cost unshard, one "
+             "compute action ahead), reduce-scatters its gradients (REDUCE, cost reduce) and "
+             "frees the gathered copy (RESHARD) before its optimizer STEP (cost step); e.g. "
+             "--fsdp --cost unshard=0.5,reduce=0.5",
+    )
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the input stage's weight version")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -140,6 +150,9 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     from pipetrain.api.user_schedule import is_schedule_file
 
     if is_schedule_file(args.schedule):
+        if args.fsdp:
+            raise ValueError("--fsdp lowers a schedule by name; a schedule file runs as "
+                             "written (write its UNSHARD, REDUCE and RESHARD actions in it)")
         schedule = load_schedule(args.schedule)
         validate(schedule)
         args.stages, args.microbatches = schedule.num_ranks, schedule.num_microbatches
@@ -154,15 +167,21 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if not asynchronous and (args.steps is not None or args.vertical_sync):
         raise ValueError(f"--steps and --vertical-sync are for {', '.join(ASYNC_SCHEDULES)}, "
                          f"not {name}")
+    if args.fsdp and (asynchronous or name == "forward"):
+        raise ValueError(f"--fsdp is for the synchronous training schedules, not {name} (FSDP "
+                         "gathers and reduces once per step: there is no such step)")
     steps = (4 if args.steps is None else args.steps) if asynchronous else 1
-    return build_schedule(
+    schedule = build_schedule(
         name,
         num_ranks=args.stages,
         num_microbatches=args.microbatches,
         stages_per_rank=default_stages_per_rank(name) if args.virtual is None else args.virtual,
         communication=False,
+        optimizer_step=args.fsdp,
+        reduce=args.fsdp,
         **({"num_steps": steps, "vertical_sync": args.vertical_sync} if asynchronous else {}),
     )
+    return add_fsdp_actions(schedule) if args.fsdp else schedule
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,10 @@ gradient all-reduce and the optimizer step, as ``Pipeline`` builds it) and times
   stage, for the larger of its input and output activations (exact when they are the
   same size, as between transformer blocks; an upper bound otherwise);
 - a replicated stage's gradient all-reduce, ring: ``2 (r - 1) / r * G / bandwidth``,
-  in the background until its optimizer step;
+  in the background until its optimizer step; under FSDP, the schedule's ``UNSHARD``
+  (an all-gather of the parameters, ``(r - 1) / r * P / bandwidth``, in the background
+  until the stage's first compute action) and ``REDUCE`` (a reduce-scatter, ``(r - 1) /
+  r * G / bandwidth``);
 - the optimizer step, as profiled; the runtime first checks the global gradient norm
   with one collective over all stages, so every stage's step starts once every stage has
   finished its backward and all-reduce (:func:`synchronized_end`).
@@ -48,6 +51,7 @@ from pipetrain.schedule import (
     Op,
     Schedule,
     SimulationResult,
+    add_fsdp_actions,
     build_schedule,
     simulate,
 )
@@ -72,12 +76,18 @@ def step_schedule(candidate: Candidate, replicas: Sequence[int]) -> Schedule:
     Raises:
         ValueError: the schedule cannot run these replica counts (the message says why).
     """
-    return _built(candidate.schedule, candidate.num_microbatches, tuple(replicas))
+    return _built(candidate.schedule, candidate.num_microbatches, tuple(replicas),
+                  fsdp=_sharded(candidate, replicas))
+
+
+def _sharded(candidate: Candidate, replicas: Sequence[int]) -> bool:
+    return candidate.data_parallel == "fsdp" and max(replicas) > 1
 
 
 @functools.lru_cache(maxsize=512)
-def _built(name: str, num_microbatches: int, counts: tuple[int, ...]) -> Schedule:
-    return build_schedule(
+def _built(name: str, num_microbatches: int, counts: tuple[int, ...], *,
+           fsdp: bool = False) -> Schedule:
+    schedule = build_schedule(
         name,
         num_ranks=len(counts),
         num_microbatches=num_microbatches,
@@ -85,6 +95,7 @@ def _built(name: str, num_microbatches: int, counts: tuple[int, ...]) -> Schedul
         reduce=True,
         replicas=counts if max(counts) > 1 else None,
     )
+    return add_fsdp_actions(schedule) if fsdp else schedule
 
 
 def step_lower_bound(loads: Sequence[StageLoad], replicas: Sequence[int],
@@ -135,7 +146,8 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         >>> c.backward, c.backward_input, c.reduce  # recompute 1 s, all-reduce of 1 GB
         ((3.0,), (2.5,), (1.0,))
     """
-    forward, backward, inputs, weights, latency, reduce, step = ([] for _ in range(7))
+    forward, backward, inputs, weights, latency, reduce, step, gather = ([] for _ in range(8))
+    sharded = _sharded(candidate, replicas)
     for j, (load, r) in enumerate(zip(loads, replicas)):
         per_replica = -(-candidate.num_microbatches // r)
         share = recomputed_forwards(stage_mode(candidate, j), per_replica) / per_replica
@@ -145,7 +157,9 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         inputs.append(load.backward_input_s + recompute)
         weights.append(load.backward_weight_s)
         latency.append(max(load.input_bytes, load.output_bytes) / bandwidth)
-        reduce.append(2 * (r - 1) / r * load.gradient_bytes / bandwidth)
+        ring = (r - 1) / r / bandwidth
+        reduce.append((1 if sharded else 2) * ring * load.gradient_bytes)
+        gather.append(ring * load.parameter_bytes if sharded else 0.0)
         step.append(load.optimizer_step_s)
     return Costs(
         forward=tuple(forward),
@@ -155,6 +169,7 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         communication=tuple(latency),
         reduce=tuple(reduce),
         step=tuple(step),
+        unshard=tuple(gather),
     )
 
 
@@ -244,5 +259,6 @@ def one_stage_step(load: StageLoad, replicas: int, candidate: Candidate, *,
         each = costs.forward[0] + costs.backward_input[0] + costs.backward_weight[0]
     else:
         each = costs.forward[0] + costs.backward[0]
-    busy = per_replica * each + (costs.reduce[0] if replicas > 1 else 0.0) + costs.step[0]
+    collectives = costs.unshard[0] + costs.reduce[0] if replicas > 1 else 0.0
+    busy = per_replica * each + collectives + costs.step[0]
     return max(busy, link_time([load], [replicas], candidate, bandwidth=bandwidth))

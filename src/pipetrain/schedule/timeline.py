@@ -32,7 +32,7 @@ _NAMES = {
     Op.BACKWARD: "B backward",
     Op.BACKWARD_INPUT: "I backward (inputs)",
     Op.BACKWARD_WEIGHT: "W backward (weights)",
-    Op.REDUCE_GRAD: "REDUCE all-reduce",
+    Op.REDUCE_GRAD: "REDUCE gradient reduction",
     Op.UNSHARD: "UNSHARD all-gather (FSDP)",
     Op.OPTIMIZER_STEP: "STEP optimizer",
 }
