@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -141,6 +142,28 @@ def refuse_local_ties(ties: Iterable[Sequence[tuple[int, str]]], *,
                     "rank), untied weights, or data_parallel='replicate'")
 
 
+def _post_backward_of(unit: FSDPModule) -> tuple[list[Any], Callable[[], None]]:
+    """FSDP2's post-backward of ``unit``: its parameter groups and its root's final
+    callback (internals of FSDP2 that ``torch.distributed.pipelining`` calls too).
+
+    Raises:
+        RuntimeError: this torch's FSDP2 lacks them (the message names the fix).
+    """
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch before FSDP2 allowed several groups per module
+        groups = [getattr(state, "_fsdp_param_group", None)]
+    groups = [g for g in groups if g is not None]
+    finish = getattr(state, "_root_post_backward_final_callback", None)
+    if finish is None or not all(hasattr(g, "post_backward") for g in groups):
+        raise RuntimeError(
+            f"data_parallel='fsdp': torch {torch.__version__}'s FSDP2 has no post-backward "
+            "that pipetrain can run for a REDUCE action (the one torch.distributed.pipelining "
+            "runs); fix: a torch release pipetrain supports (see its requirements), or "
+            "data_parallel='replicate'")
+    return groups, finish
+
+
 def reduce_now(unit: FSDPModule) -> None:
     """Reduce-scatter the gradients ``unit``'s backwards accumulated (a collective of its
     mesh: every replica calls it at the same point), outside an autograd backward.
@@ -156,22 +179,11 @@ def reduce_now(unit: FSDPModule) -> None:
         for unit in sharded.stage_units[0]:
             reduce_now(unit)
     """
-    state = unit._get_fsdp_state()
-    groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is None:  # torch before FSDP2 allowed several groups per module
-        groups = [getattr(state, "_fsdp_param_group", None)]
-    finish = getattr(state, "_root_post_backward_final_callback", None)
-    if finish is None or not all(hasattr(g, "post_backward") for g in groups if g is not None):
-        raise RuntimeError(
-            f"data_parallel='fsdp': torch {torch.__version__}'s FSDP2 has no post-backward "
-            "that pipetrain can run for a REDUCE action (the one torch.distributed.pipelining "
-            "runs); fix: a torch release pipetrain supports (see its requirements), or "
-            "data_parallel='replicate'")
+    groups, finish = _post_backward_of(unit)
     unit.set_requires_gradient_sync(True, recurse=False)
     unit.set_is_last_backward(True)
     for group in groups:
-        if group is not None:
-            group.post_backward()
+        group.post_backward()
     finish()
     unit.set_requires_gradient_sync(False, recurse=False)
     unit.set_is_last_backward(False)
@@ -216,6 +228,7 @@ class ShardedStages:
             module.set_reshard_after_forward(reshard_after_forward)
             module.set_gradient_divide_factor(1.0)  # a sum: the losses are weighted already
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+            _post_backward_of(module)  # REDUCE can run: refused now, not in a step
             self.units.append(module)
             for i in unit:
                 unit_of_layer[i] = module
