@@ -124,6 +124,7 @@ def add_fsdp_actions(schedule: Schedule) -> Schedule:
     """
     _check_no(schedule, lambda a: a.op in (Op.UNSHARD, Op.RESHARD),
               what="UNSHARD or RESHARD actions")
+    training = schedule.is_training
     lowered = []
     for r, actions in enumerate(schedule.actions):
         first: dict[int, int] = {}
@@ -131,7 +132,7 @@ def add_fsdp_actions(schedule: Schedule) -> Schedule:
         for p, a in enumerate(actions):
             if a.op.needs_microbatch or a.op is Op.REDUCE_GRAD:
                 first.setdefault(a.stage, p)
-                if schedule.is_training is False or a.op is Op.REDUCE_GRAD:
+                if not training or a.op is Op.REDUCE_GRAD:
                     last[a.stage] = p
         missing = sorted(set(first) - set(last))
         if missing:
