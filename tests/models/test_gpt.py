@@ -133,6 +133,14 @@ def test_default_config_size() -> None:
     assert count_parameters(build_gpt(GPTConfig(), seed=0)) == 842_496
 
 
+@pytest.mark.parametrize("config", [
+    GPTConfig(), SMALL, dataclasses.replace(SMALL, tie_embeddings=False),
+    GPTConfig(vocab_size=50, context=7, num_layers=3, width=24, num_heads=3),
+])
+def test_the_parameter_formula_counts_the_built_model(config: GPTConfig) -> None:
+    assert config.parameters == count_parameters(build_gpt(config, seed=0))
+
+
 # --- forward ----------------------------------------------------------------------------
 
 

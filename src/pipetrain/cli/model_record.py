@@ -14,11 +14,9 @@ import dataclasses
 import os
 from typing import Any
 
-import torch
-
 from pipetrain.cli.hf_models import HF_MODELS
 from pipetrain.cli.run_config import RunConfig
-from pipetrain.models import GPTConfig, build_gpt, count_parameters
+from pipetrain.models import GPTConfig, count_parameters
 
 __all__ = ["gpt_config_of", "layout_record", "model_kind", "model_record"]
 
@@ -47,9 +45,7 @@ def model_record(config: RunConfig, gpt: GPTConfig, model: Any) -> dict[str, Any
     """
     kind = model_kind(config)
     if kind == "gpt":
-        with torch.device("meta"):
-            parameters = count_parameters(build_gpt(gpt, seed=config.seed))
-        return {"kind": kind, **dataclasses.asdict(gpt), "parameters": parameters}
+        return {"kind": kind, **dataclasses.asdict(gpt), "parameters": gpt.parameters}
     block = {"kind": kind, "source": config.model, "class": type(model).__qualname__,
              "context": config.context, "parameters": count_parameters(model)}
     if config.model in HF_MODELS:  # sized by the options

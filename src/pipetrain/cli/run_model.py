@@ -13,9 +13,12 @@ folder's tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from pipetrain.cli.hf_models import HF_MODELS, block_split_points, build_hf_model, hf_loss
 from pipetrain.cli.run_config import RunConfig
@@ -210,15 +213,48 @@ def sample_text(pipe: Any, tokenizer: RunTokenizer, *, prompt: str, num_tokens: 
     prompt is one document)."""
     from pipetrain.models import generate
 
+    last_logits = _last_logits(pipe)
+
     def logits(ids: torch.Tensor) -> torch.Tensor:
         batch: Any = ids if not positions else {
             "input_ids": ids, "position_ids": torch.arange(ids.size(1)).expand_as(ids)}
-        output = pipe.eval_step(batch, broadcast=True)
-        output = getattr(output, "logits", output)  # a Hugging Face model's output
-        assert isinstance(output, torch.Tensor)
-        return output
+        last = last_logits(batch, ids.size(0))  # (B, V): all the sampler reads
+        return last.unsqueeze(1).expand(ids.size(0), ids.size(1), last.size(-1))
 
     tokens = generate(logits, tokenizer.encode(prompt), num_tokens=num_tokens,
                       temperature=temperature, top_k=top_k,
                       generator=torch.Generator().manual_seed(seed), context=context)
     return tokenizer.decode(tokens.reshape(-1))
+
+
+def _last_logits(pipe: Any) -> Callable[[Any, int], torch.Tensor]:
+    """A function of a batch of ``B`` sequences: the pipeline's logits at their last
+    position, ``(B, V)``, on every rank. The last stage's first rank broadcasts only those
+    (one tensor; the vocabulary size and dtype once), not the whole output as an object."""
+    layout = dataclasses.replace(pipe.layout, tp_index=0)  # tp index 0 holds the output
+    source = layout.ranks_of_stage(len(layout.stage_to_rank) - 1)[0]
+    alone = not dist.is_initialized() or dist.get_world_size() == 1
+    spec: list[tuple[int, torch.dtype]] = []  # (V, dtype), learnt from the first call
+
+    def last_logits(batch: Any, size: int) -> torch.Tensor:
+        output = pipe.eval_step(batch)
+        mine = None
+        if output is not None:
+            output = getattr(output, "logits", output)  # a Hugging Face model's output
+            assert isinstance(output, torch.Tensor)
+            mine = output[:, -1].contiguous()
+        if alone:
+            assert mine is not None
+            return mine
+        with pipe.guard():
+            if not spec:
+                box: list[Any] = [None if mine is None else (mine.size(-1), mine.dtype)]
+                dist.broadcast_object_list(box, src=source)
+                spec.append(box[0])
+            vocab, dtype = spec[0]
+            buffer = mine.to(pipe.device) if mine is not None else torch.empty(
+                size, vocab, dtype=dtype, device=pipe.device)
+            dist.broadcast(buffer, src=source)
+        return buffer.cpu()
+
+    return last_logits

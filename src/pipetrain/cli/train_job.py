@@ -9,6 +9,7 @@ a non-finite step, Ctrl-C / SIGTERM, a failed sample — the records are written
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import decimal
 import json
 import logging
@@ -414,17 +415,22 @@ class _Run:
             self.records.memory = memory
             self.records.stopped = {"reason": "finished", "at_step": self.pipe.step,
                                     "checkpoint_step": self.saved_step}
-            self._pictures()
-        try:
-            sample = (_sample(self.pipe, self.args, self.tokenizer,
-                              positions=getattr(self.dataset, "boundaries", False))
-                      if self.args.sample_bytes else None)
-        except Exception as error:
-            self._write_failure(error)
-            raise RunStopped(
-                f"training finished (checkpoint and records in {self.args.folder}), but sampling "
-                f"failed: {type(error).__name__}: {error}"
-            ) from error
+        # the pictures are drawn beside the sampling, where this rank mostly waits for the
+        # last stage's logits
+        with concurrent.futures.ThreadPoolExecutor(1, "pipetrain-pictures") as drawing:
+            drawn = drawing.submit(self._pictures)
+            try:
+                sample = (_sample(self.pipe, self.args, self.tokenizer,
+                                  positions=getattr(self.dataset, "boundaries", False))
+                          if self.args.sample_bytes else None)
+            except Exception as error:
+                concurrent.futures.wait([drawn])
+                self._write_failure(error)
+                raise RunStopped(
+                    f"training finished (checkpoint and records in {self.args.folder}), but "
+                    f"sampling failed: {type(error).__name__}: {error}"
+                ) from error
+            drawn.result()
         if self.records is not None:
             self.records.sample = sample
             self.records.write()  # sample.txt too

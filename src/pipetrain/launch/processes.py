@@ -63,7 +63,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint.state_dict",
+_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint.state_dict",
             "pipetrain.api.pipeline", "pipetrain.runtime.process_group"]
 """What the fork server imports once, so that the ranks it forks start without importing."""
 

@@ -95,6 +95,21 @@ class GPTConfig:
         if problems:
             raise ValueError("invalid GPTConfig: " + "; ".join(problems))
 
+    @property
+    def parameters(self) -> int:
+        """The number of parameters of :func:`build_gpt` of this shape (tied weights once),
+        without building it: embeddings, blocks (two norms, q/k/v, output, MLP up and
+        down, with biases) and the head's norm and projection.
+
+        Example:
+            >>> GPTConfig(num_layers=1, width=16, num_heads=2).parameters
+            9456
+        """
+        width, vocab = self.width, self.vocab_size
+        block = 12 * width * width + 13 * width
+        head = 2 * width + (0 if self.tie_embeddings else vocab * width)
+        return (vocab + self.context) * width + self.num_layers * block + head
+
 
 def document_mask(position_ids: Tensor) -> Tensor:
     """The attention mask of packed documents: ``(B, 1, T, T)``, true where query ``q`` may

@@ -37,7 +37,7 @@ import torch
 from pipetrain.bench.cases._gpipe_search import largest_fitting
 from pipetrain.bench.harness import PeakMemory, run_job
 from pipetrain.launch import ProcessesFailed
-from pipetrain.models import GPTConfig, build_gpt, count_parameters, gpt_layer_factories, gpt_loss
+from pipetrain.models import GPTConfig, build_gpt, gpt_layer_factories, gpt_loss
 
 __all__ = ["RUNNER_KINDS", "Workload", "fresh_search", "search_worker", "train", "trial_worker"]
 
@@ -66,9 +66,8 @@ class Workload:
                          context=self.context, tie_embeddings=False)
 
     def parameters(self, depth: int) -> int:
-        """Parameters of the GPT of ``depth`` blocks (counted on the meta device)."""
-        with torch.device("meta"):
-            return count_parameters(build_gpt(self.config(depth), seed=0))
+        """Parameters of the GPT of ``depth`` blocks."""
+        return self.config(depth).parameters
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(0)
