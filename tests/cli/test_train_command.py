@@ -79,10 +79,12 @@ def test_train_writes_the_run_folder_and_the_loss_falls(tmp_path: Path) -> None:
     assert resumed["steps"][:12] == steps
     assert [g["first_step"] for g in resumed["segments"]] == [1, 13]
 
-    # a single process samples from the two-stage checkpoint
-    sample = run_here(["sample", str(out), "--bytes", "20"])
+    # a single process samples from the two-stage checkpoint, with the run's settings the
+    # very text the two ranks sampled at its end (only the last stage held the logits)
+    sample = run_here(["sample", str(out), "--bytes", "16", "--seed", str(metrics["config"]["args"]["seed"])])
     assert sample.returncode == 0, sample.stderr[-2000:]
     assert sample.stdout.startswith("def ")
+    assert sample.stdout == (out / "sample.txt").read_text(encoding="utf-8") + "\n"
 
 
 def test_the_loss_does_not_depend_on_stages_replicas_schedule_or_checkpointing(tmp_path: Path) -> None:
