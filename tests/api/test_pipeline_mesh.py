@@ -33,13 +33,15 @@ TOLERANCE = 1e-5
 
 CONFIGS: list[dict[str, Any]] = [
     dict(num_stages=2, replicas=2, data_parallel="fsdp", **c) for c in (
-        {"schedule": "1f1b", "num_microbatches": 2},
+        {"schedule": "1f1b", "num_microbatches": 2, "reduce_each_microbatch": True},
         {"schedule": "gpipe", "num_microbatches": 2},
         {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "num_microbatches": 2},
         {"schedule": "looped-bfs", "stages_per_rank": 2, "num_microbatches": 2},
         {"schedule": "1f1b", "num_microbatches": 3, "checkpoint": "always"},
         {"schedule": "gpipe", "num_microbatches": 2, "checkpoint": "except_last",
          "reshard_after_forward": True},
+        {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "num_microbatches": 2,
+         "reshard_after_forward": True, "reduce_each_microbatch": True},
     )
 ]
 
@@ -109,8 +111,16 @@ def test_fsdp_over_replicas_trains_as_one_process_and_reshards_its_checkpoint(tm
                 gathered = [a for a in gathered if a.endswith("REDUCE")]
             assert sorted(got["collectives"]) == sorted(gathered), (config, got["collectives"])
             assert len(stages) == config.get("stages_per_rank", 1)
+            # each backward reduce-scatters its own gradients (M a replica), so that FSDP
+            # holds no whole gradient between them (with M > 1 it does otherwise)
+            per_unit = config["num_microbatches"] if config.get("reduce_each_microbatch") else 1
+            if config.get("reduce_each_microbatch"):
+                assert got["held_whole_gradients"] == 0, config
+            elif config["num_microbatches"] > 1:
+                assert got["held_whole_gradients"] > 0, config
             for gathers, reductions in got["counts"]:
-                assert reductions == units, f"{config}: {reductions} reduce-scatters, {units} units"
+                assert reductions == per_unit * units, \
+                    f"{config}: {reductions} reduce-scatters, {units} units"
                 if config.get("reshard_after_forward"):
                     assert gathers > units  # gathered again for each forward and backward
                 else:
@@ -161,12 +171,15 @@ def test_mesh_settings_are_checked_and_recorded() -> None:
         PipelineConfig(data_parallel="zero")
     with pytest.raises(ValueError, match="reshard_after_forward=True is an FSDP option"):
         PipelineConfig(reshard_after_forward=True)
+    with pytest.raises(ValueError, match="reduce_each_microbatch=True is an FSDP option"):
+        PipelineConfig(replicas=2, reduce_each_microbatch=True)
     with pytest.raises(ValueError, match="tensor_parallel=0 must be a positive integer"):
         PipelineConfig(tensor_parallel=0)
     config = PipelineConfig(num_stages=2, replicas=2, data_parallel="fsdp")
     assert config.world_size == 4
     assert mesh_record(config) == {"pp": 2, "dp": 2, "tp": 1, "world_size": 4,
-                                   "data_parallel": "fsdp", "reshard_after_forward": False}
+                                   "data_parallel": "fsdp", "reshard_after_forward": False,
+                                   "reduce_each_microbatch": False}
     config = PipelineConfig(num_stages=2, replicas=2, tensor_parallel=2)
     assert config.world_size == 8 and mesh_record(config)["tp"] == 2
 

@@ -28,8 +28,10 @@ _losses = recorded_losses
 
 def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: Path) -> None:
     """--stages 2 --replicas 2 --fsdp --tensor-parallel 2: 8 workers, the GPT's blocks split
-    over 2, its stages sharded over 2 replicas; the losses of one process."""
-    layout = ["--stages", "2", "--replicas", "2", "--fsdp", "--tensor-parallel", "2"]
+    over 2, its stages sharded over 2 replicas, each micro-batch's gradients reduce-scattered
+    after its backward; the losses of one process."""
+    layout = ["--stages", "2", "--replicas", "2", "--fsdp", "--tensor-parallel", "2",
+              "--fsdp-reduce-each-microbatch"]
     done = _train(*GPT, "--steps", "5", "--eval-every", "0", *layout, out=tmp_path / "3d",
                   timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,7 +44,8 @@ def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: P
         assert abs(a - b) <= 1e-4 * abs(a), f"step {step + 1}: {b} with 2 x 2 x 2 vs {a} in one process"
     config = json.loads((tmp_path / "3d" / "config.json").read_text())
     assert config["mesh"] == {"pp": 2, "dp": 2, "tp": 2, "world_size": 8,
-                              "data_parallel": "fsdp", "reshard_after_forward": False}
+                              "data_parallel": "fsdp", "reshard_after_forward": False,
+                              "reduce_each_microbatch": True}
     assert config["args"]["fsdp"] is True and config["args"]["tensor_parallel"] == 2
     metrics = json.loads((tmp_path / "3d" / "metrics.json").read_text())
     trace = json.loads((tmp_path / "3d" / "trace.json").read_text())

@@ -80,6 +80,37 @@ class CollectiveCounts:
         dist.all_gather_single, dist.reduce_scatter_single = self._saved
 
 
+def _unsharded_gradients(pipe: Any) -> int:
+    """Elements of whole (unsharded) gradients FSDP holds on this rank now (FSDP2's
+    internals: each unit's parameters, gathered or not, and what they accumulated)."""
+    held = 0
+    for unit in pipe.sharded.units:
+        state = unit._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
+        for param in (p for group in groups if group is not None for p in group.fsdp_params):
+            unsharded = getattr(param, "_unsharded_param", None)
+            if unsharded is not None and unsharded.grad is not None:
+                held += unsharded.grad.numel()
+            accumulated = getattr(param, "unsharded_accumulated_grad", None)
+            held += accumulated.numel() if accumulated is not None else 0
+    return held
+
+
+def _watch_gradients(pipe: Any) -> list[int]:
+    """Before every backward of the pipeline's stages, how many whole-gradient elements
+    FSDP holds (appended to the list returned)."""
+    seen: list[int] = []
+    for stage in pipe.stages.values():
+        before = stage.before_backward
+
+        def watched(j: int, key: int, before: Any = before) -> None:
+            seen.append(_unsharded_gradients(pipe))
+            before(j, key)
+
+        stage.before_backward = watched
+    return seen
+
+
 def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
                     path: str) -> list[dict[str, Any]]:
     """Train each configuration ``steps`` steps and report, per configuration: whole
@@ -95,6 +126,7 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
         mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("pp", "dp", "tp")) if c == 1 else None
         pipe = make_pipeline(ctx, config, mesh)
         losses, counts = [], []
+        held = _watch_gradients(pipe)
         for x, y in gpt_batches(steps):
             with CollectiveCounts() as count:
                 losses.append(pipe.train_step(x, y))
@@ -105,7 +137,7 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
         mesh = pipe.mesh
         result: dict[str, Any] = {
             "params": full_parameters(pipe), "losses": losses, "counts": counts,
-            "collectives": step_collectives,
+            "collectives": step_collectives, "held_whole_gradients": max(held),
             "units": len(pipe.sharded.units) if pipe.sharded is not None else 0,
             "sharded": all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",)
                            for p in pipe.parameters()),

@@ -153,6 +153,14 @@ class PipelineConfig:
     """``fsdp`` only: free the gathered parameters after each forward and gather them again
     for each backward (less memory, one all-gather per micro-batch); default: gathered once
     per step, kept until the step's last backward."""
+    reduce_each_microbatch: bool = False
+    """``fsdp`` only: reduce-scatter each micro-batch's gradients right after its backward
+    and accumulate them sharded (as ZeRO-2 does), so that a stage never holds a whole
+    gradient; with ``reshard_after_forward`` the parameters, gradients and optimizer
+    state a worker keeps are all sharded. One reduce-scatter per micro-batch instead of
+    one per step; a step whose replicas run different numbers of micro-batches (a smaller
+    last batch) reduces once instead (each reduce-scatter is a collective of all of
+    them)."""
     extra_problems: tuple[str, ...] = field(default=(), repr=False)
     _user_schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -22,6 +22,12 @@ simulator prices and the timeline and trace show:
   reduce-scatters as above. Where replicas run different numbers of micro-batches (a
   smaller last batch) the step gathers once instead (each gather is a collective of all
   replicas).
+- with ``reduce_each_microbatch``: each backward reduce-scatters the gradients it made
+  (FSDP's own post-backward) and FSDP accumulates them sharded, so a stage never holds a
+  whole gradient between micro-batches (with ``reshard_after_forward`` as well, a worker
+  keeps only shards: parameters, gradients and optimizer state); ``REDUCE`` then has
+  nothing left to do. A step whose replicas run different numbers of micro-batches
+  reduces at ``REDUCE`` instead.
 - **every replica in step**: FSDP's collectives run on every replica of a stage at the same
   point of its action list (the replicas of a stage run the same program on their own
   micro-batches). An evaluation gathers every unit once, explicitly, on every replica (one
@@ -238,27 +244,33 @@ class ShardedStages:
             for j, indices in stage_layers.items()
         }
         self._gathered = False  # the step's actions gather the stages (UNSHARD)
+        self._each_microbatch = False  # the step's backwards reduce-scatter (not REDUCE)
 
     def replaced(self, param: nn.Parameter) -> nn.Parameter:
         """The sharded parameter that replaced ``param`` (``param`` if it was not sharded)."""
         return self._replaced.get(id(param), param)
 
-    def plan(self, actions: Iterable[Action]) -> None:
+    def plan(self, actions: Iterable[Action], *, each_microbatch: bool = False) -> None:
         """Set the switches for a step of this rank's ``actions``: with their ``UNSHARD``
         actions the parameters stay gathered from the stage's ``UNSHARD`` to its
         ``RESHARD``; without, FSDP gathers and frees each layer in each forward and
-        backward (``reshard_after_forward``). No backward reduces: ``REDUCE`` does."""
+        backward (``reshard_after_forward``). The backwards accumulate the gradients and
+        ``REDUCE`` reduce-scatters them, or with ``each_microbatch`` every backward
+        reduce-scatters its own and FSDP accumulates them sharded."""
         self._gathered = any(a.op is Op.UNSHARD for a in actions)
+        self._each_microbatch = each_microbatch
         for unit in self.units:
             unit.set_reshard_after_forward(self.reshard_after_forward and not self._gathered)
 
     def before_backward(self, stage: int, key: int) -> None:
         """Set the switches of the stage's units for a backward (of micro-batch ``key``):
-        accumulate the gradients, and free the gathered parameters after it only when
-        the step does not keep them gathered."""
+        accumulate the gradients, or reduce-scatter them (see :meth:`plan`; each backward
+        then waits for its reductions and frees their buffers: the option is for memory),
+        and free the gathered parameters after it only when the step does not keep them
+        gathered."""
         for unit in self.stage_units.get(stage, ()):
-            unit.set_requires_gradient_sync(False, recurse=False)
-            unit.set_is_last_backward(False)
+            unit.set_requires_gradient_sync(self._each_microbatch, recurse=False)
+            unit.set_is_last_backward(self._each_microbatch)
             unit.set_reshard_after_backward(not self._gathered, recurse=False)
 
     def unshard(self, stage: int) -> None:
@@ -269,7 +281,9 @@ class ShardedStages:
 
     def reduce(self, stage: int) -> None:
         """``REDUCE``: reduce-scatter the gradients the stage's backwards accumulated
-        (:func:`reduce_now`)."""
+        (:func:`reduce_now`); nothing when each backward reduced its own."""
+        if self._each_microbatch:
+            return
         for unit in self.stage_units.get(stage, ()):
             reduce_now(unit)
 
@@ -293,6 +307,7 @@ class ShardedStages:
             unit.reshard()
             unit.set_reshard_after_forward(self.reshard_after_forward)
         self._gathered = False
+        self._each_microbatch = False
 
     def attach(self, stages: Iterable[StageCompute]) -> None:
         """Have ``stages`` call :meth:`before_backward` before each backward."""
@@ -300,10 +315,10 @@ class ShardedStages:
             stage.before_backward = self.before_backward
 
     @contextlib.contextmanager
-    def training(self, actions: Iterable[Action]) -> Iterator[None]:
+    def training(self, actions: Iterable[Action], *, each_microbatch: bool = False) -> Iterator[None]:
         """A training step's block: :meth:`plan` before, :meth:`release` after (also
         after a failure)."""
-        self.plan(actions)
+        self.plan(actions, each_microbatch=each_microbatch)
         try:
             yield
         finally:

@@ -60,16 +60,18 @@ def mesh_record(config: Any) -> dict[str, Any]:
     Example:
         >>> from pipetrain.api.config import PipelineConfig
         >>> mesh_record(PipelineConfig(num_stages=2, replicas=2, data_parallel="fsdp"))
-        {'pp': 2, 'dp': 2, 'tp': 1, 'world_size': 4, 'data_parallel': 'fsdp', 'reshard_after_forward': False}
+        {'pp': 2, 'dp': 2, 'tp': 1, 'world_size': 4, 'data_parallel': 'fsdp', 'reshard_after_forward': False, 'reduce_each_microbatch': False}
     """
     if config.stage_replicas is not None and len(set(config.stage_replicas)) > 1:
         return {"pp": config.num_stages, "dp": list(config.stage_replicas), "tp": 1,
                 "world_size": config.world_size, "data_parallel": config.data_parallel,
-                "reshard_after_forward": config.reshard_after_forward}
+                "reshard_after_forward": config.reshard_after_forward,
+                "reduce_each_microbatch": config.reduce_each_microbatch}
     pp, dp, tp = config.num_stages, config.replica_counts[0], config.tensor_parallel
     return {"pp": pp, "dp": dp, "tp": tp, "world_size": pp * dp * tp,
             "data_parallel": config.data_parallel,
-            "reshard_after_forward": config.reshard_after_forward}
+            "reshard_after_forward": config.reshard_after_forward,
+            "reduce_each_microbatch": config.reduce_each_microbatch}
 
 
 def build_mesh(config: Any, *, device: torch.device) -> DeviceMesh:
@@ -144,7 +146,8 @@ def mesh_problems(values: Mapping[str, Any], name: str,
 
     Example:
         >>> mesh_problems({"data_parallel": "zero", "tensor_parallel": 1, "replicas": 2,
-        ...                "reshard_after_forward": False, "stage_replicas": None,
+        ...                "reshard_after_forward": False, "reduce_each_microbatch": False,
+        ...                "stage_replicas": None,
         ...                "mixed_precision": None}, "1f1b", lambda n, v: f"{n}={v!r}")
         ["data_parallel='zero' must be one of replicate, fsdp, e.g. data_parallel='fsdp'"]
     """
@@ -161,12 +164,13 @@ def mesh_problems(values: Mapping[str, Any], name: str,
                      f"{say('tensor_parallel', 1)}")
     elif tp > 1:
         found.extend(_tensor_parallel_problems(values, name, say))
-    reshard = values["reshard_after_forward"]
-    if not isinstance(reshard, bool):
-        found.append(f"{say('reshard_after_forward', reshard)} must be True or False")
-    elif reshard and mode != "fsdp":
-        found.append(f"{say('reshard_after_forward', True)} is an FSDP option; fix: "
-                     f"{say('data_parallel', 'fsdp')} or {say('reshard_after_forward', False)}")
+    for option in ("reshard_after_forward", "reduce_each_microbatch"):
+        value = values[option]
+        if not isinstance(value, bool):
+            found.append(f"{say(option, value)} must be True or False")
+        elif value and mode != "fsdp":
+            found.append(f"{say(option, True)} is an FSDP option; fix: "
+                         f"{say('data_parallel', 'fsdp')} or {say(option, False)}")
     if mode != "fsdp":
         return found
     counts = values["stage_replicas"]

@@ -368,7 +368,7 @@ class Pipeline:
         self.optimizers.loss_sum = lambda: loss_sum(self._own_losses(io), self._scalar_device)
         self._set_mode(training=True)
         actions = self._schedules.actions(self.schedule_name, n, rank=self._layout_rank)
-        with (self.sharded.training(actions)
+        with (self.sharded.training(actions, each_microbatch=self._schedules.reduces_each_microbatch(n))
               if self.sharded is not None else contextlib.nullcontext()):
             self._run(actions, io)
         with self.guard():  # (also after a non-finite step, as nn.BatchNorm would)

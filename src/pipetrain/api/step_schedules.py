@@ -83,6 +83,14 @@ class StepSchedules:
         replicas = max(self.layout.replica_counts)
         return not self.config.reshard_after_forward or num_microbatches % replicas != 0
 
+    def reduces_each_microbatch(self, num_microbatches: int) -> bool:
+        """Whether a training step of ``num_microbatches`` reduce-scatters each FSDP
+        stage's gradients after every backward (``reduce_each_microbatch``): only where
+        every replica runs as many micro-batches (each reduce-scatter is a collective of
+        all of them); otherwise its ``REDUCE`` does, once."""
+        return (self.config.data_parallel == "fsdp" and self.config.reduce_each_microbatch
+                and num_microbatches % max(self.layout.replica_counts) == 0)
+
     def check(self, name: str, num_microbatches: int) -> None:
         """Build the schedule once, to refuse at construction one that cannot run.
 

@@ -62,6 +62,7 @@ class RunConfig:
     fsdp: bool = False
     compile: bool = False
     fsdp_reshard: bool = False
+    fsdp_reduce_each_microbatch: bool = False
     tensor_parallel: int = 1
     virtual: int | None = None
     checkpoint: str = "never"

@@ -60,6 +60,7 @@ FLAGS = {
     "data_parallel": "--fsdp",
     "tensor_parallel": "--tensor-parallel",
     "reshard_after_forward": "--fsdp-reshard",
+    "reduce_each_microbatch": "--fsdp-reduce-each-microbatch",
 }
 """The command-line flag of each configuration field (PipelineConfig, GPTConfig)."""
 
@@ -185,6 +186,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--fsdp-reshard", action=_GivenFlag, default=False,
                         help="--fsdp: free the gathered parameters after each forward and "
                              "gather them again for its backward (less memory, more traffic)")
+    layout.add_argument("--fsdp-reduce-each-microbatch", action=_GivenFlag, default=False,
+                        help="--fsdp: reduce-scatter each micro-batch's gradients after its "
+                             "backward, so that no worker holds a whole gradient (less "
+                             "memory, one reduce-scatter per micro-batch)")
     add(layout, "--tensor-parallel", type=_positive_int, default=1,
         help="tensor-parallel ranks T of each stage and replica (default 1): pipetrain's "
              "GPT's heads and MLP split over T workers (docs/mesh.md); --stages x --replicas "
@@ -331,6 +336,7 @@ def _fields(args: RunConfig) -> dict[str, Any]:
         "compile": bool(args.compile),
         "loss_per": "token",  # a padded step's loss is the mean over its real tokens
         "reshard_after_forward": bool(args.fsdp_reshard),
+        "reduce_each_microbatch": bool(args.fsdp_reduce_each_microbatch),
         **failure_bounds(args.timeout),
     }
 
