@@ -195,6 +195,17 @@ def reduce_now(unit: FSDPModule) -> None:
     unit.set_is_last_backward(False)
 
 
+def _share_reduce_buffers(unit: FSDPModule, shared: list[Any]) -> None:
+    """Have ``unit`` keep its reduce-scatter input buffers in ``shared``, the list of all
+    this rank's units, as the units of one FSDP root do: each reduce-scatter then frees
+    the one before it (FSDP keeps one in flight), instead of every unit (each its own root
+    here) keeping its own until the end of the backward. A torch whose FSDP2 keeps them
+    otherwise is left as it is."""
+    context: Any = getattr(unit._get_fsdp_state(), "_comm_ctx", None)
+    if isinstance(getattr(context, "reduce_scatter_states", None), list):
+        context.reduce_scatter_states = shared
+
+
 class ShardedStages:
     """This rank's layers sharded with FSDP2 over ``mesh`` (the ``dp`` sub-mesh), and
     the per-step switches of :mod:`this module <pipetrain.api.fsdp>`.
@@ -245,6 +256,7 @@ class ShardedStages:
         }
         self._gathered = False  # the step's actions gather the stages (UNSHARD)
         self._each_microbatch = False  # the step's backwards reduce-scatter (not REDUCE)
+        self._reduce_buffers: list[Any] = []  # FSDP's retained reduce-scatter inputs, shared
 
     def replaced(self, param: nn.Parameter) -> nn.Parameter:
         """The sharded parameter that replaced ``param`` (``param`` if it was not sharded)."""
@@ -272,6 +284,8 @@ class ShardedStages:
             unit.set_requires_gradient_sync(self._each_microbatch, recurse=False)
             unit.set_is_last_backward(self._each_microbatch)
             unit.set_reshard_after_backward(not self._gathered, recurse=False)
+            if self._each_microbatch:
+                _share_reduce_buffers(unit, self._reduce_buffers)
 
     def unshard(self, stage: int) -> None:
         """``UNSHARD``: start gathering the stage's parameters (FSDP waits for them before
