@@ -62,16 +62,14 @@ def mesh_record(config: Any) -> dict[str, Any]:
         >>> mesh_record(PipelineConfig(num_stages=2, replicas=2, data_parallel="fsdp"))
         {'pp': 2, 'dp': 2, 'tp': 1, 'world_size': 4, 'data_parallel': 'fsdp', 'reshard_after_forward': False, 'reduce_each_microbatch': False}
     """
+    holding = {"data_parallel": config.data_parallel,
+               "reshard_after_forward": config.reshard_after_forward,
+               "reduce_each_microbatch": config.reduce_each_microbatch}
     if config.stage_replicas is not None and len(set(config.stage_replicas)) > 1:
         return {"pp": config.num_stages, "dp": list(config.stage_replicas), "tp": 1,
-                "world_size": config.world_size, "data_parallel": config.data_parallel,
-                "reshard_after_forward": config.reshard_after_forward,
-                "reduce_each_microbatch": config.reduce_each_microbatch}
+                "world_size": config.world_size, **holding}
     pp, dp, tp = config.num_stages, config.replica_counts[0], config.tensor_parallel
-    return {"pp": pp, "dp": dp, "tp": tp, "world_size": pp * dp * tp,
-            "data_parallel": config.data_parallel,
-            "reshard_after_forward": config.reshard_after_forward,
-            "reduce_each_microbatch": config.reduce_each_microbatch}
+    return {"pp": pp, "dp": dp, "tp": tp, "world_size": pp * dp * tp, **holding}
 
 
 def build_mesh(config: Any, *, device: torch.device) -> DeviceMesh:

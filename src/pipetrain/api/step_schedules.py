@@ -80,8 +80,11 @@ class StepSchedules:
         run as many micro-batches (each gather is a collective of all of them)."""
         if self.config.data_parallel != "fsdp":
             return False
-        replicas = max(self.layout.replica_counts)
-        return not self.config.reshard_after_forward or num_microbatches % replicas != 0
+        return not self.config.reshard_after_forward or not self._replicas_even(num_microbatches)
+
+    def _replicas_even(self, num_microbatches: int) -> bool:
+        """Whether every replica of a stage runs as many of ``num_microbatches``."""
+        return num_microbatches % max(self.layout.replica_counts) == 0
 
     def reduces_each_microbatch(self, num_microbatches: int) -> bool:
         """Whether a training step of ``num_microbatches`` reduce-scatters each FSDP
@@ -89,7 +92,7 @@ class StepSchedules:
         every replica runs as many micro-batches (each reduce-scatter is a collective of
         all of them); otherwise its ``REDUCE`` does, once."""
         return (self.config.data_parallel == "fsdp" and self.config.reduce_each_microbatch
-                and num_microbatches % max(self.layout.replica_counts) == 0)
+                and self._replicas_even(num_microbatches))
 
     def check(self, name: str, num_microbatches: int) -> None:
         """Build the schedule once, to refuse at construction one that cannot run.
