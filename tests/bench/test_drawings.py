@@ -16,7 +16,7 @@ from pipetrain.bench.cases import gpipe_table2
 
 DRAWN = ("vs_torch_pipelining", "gpipe_vs_torchgpipe", "torchgpipe_paper", "gpipe_table1",
          "gpipe_table2", "pipedream_claims", "planner_vs_pipedream", "planner", "transport",
-         "frontend_meta_memory", "vs_torch_frontend")
+         "frontend_meta_memory", "vs_torch_frontend", "vs_torch_fsdp")
 """The cases that draw pictures."""
 
 

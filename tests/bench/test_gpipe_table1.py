@@ -91,23 +91,29 @@ def _fake_search(largest: int, per_block: float) -> dict[str, Any]:
                                              "killed_above_mib": 24.5}]}
 
 
-@pytest.mark.parametrize("pipe4, met", [(40, "yes"), (30, "no")])
+@pytest.mark.parametrize("pipe4, met, fsdp_met", [(40, "yes", "no"), (30, "no", "yes")])
 def test_tables_from_given_searches(monkeypatch: pytest.MonkeyPatch, pipe4: int,
-                                    met: str) -> None:
+                                    met: str, fsdp_met: str) -> None:
     found = [_fake_search(4, 4.0), _fake_search(10, 1.8), _fake_search(10, 1.9),
-             _fake_search(20, 1.9), _fake_search(pipe4, 1.9)]
+             _fake_search(20, 1.9), _fake_search(pipe4, 1.9), _fake_search(80, 1.9),
+             _fake_search(72, 1.0)]
     monkeypatch.setattr(gpipe_table1, "_quick_searches", lambda context, sizes: found)
     with tempfile.TemporaryDirectory() as out:
         result = gpipe_table1.run(BenchContext(quick=True, out=Path(out),
                                                progress=lambda line: None))
     sizes, shape = result.tables
     labels = [row[0] for row in sizes.rows]
-    assert labels == [r.label for r in gpipe_table1.RUNNERS] + ["pipeline-8"]
+    assert labels == [r.label for r in gpipe_table1.RUNNERS]
     work = gpipe_table1.SIZES["quick"]["work"]
     assert sizes.rows[0][3] == f"{work.parameters(4) / 1e6:.4g}M" and sizes.rows[0][4] == "1.00x"
     assert sizes.rows[1][6] == pytest.approx(1.8)  # MiB per block: the slope of the peaks
-    assert sizes.rows[-1][2] == "not run" and sizes.rows[-1][7] == "5.3B"
+    assert sizes.rows[5][2] == "80" and sizes.rows[5][7] == "5.3B"
+    assert sizes.rows[6][7] == "-"  # K = 4 x FSDP 2: no row of the paper
     checks = {row[0]: row for row in shape.rows}
+    fsdp = checks["K = 4 x FSDP 2 over K = 4, both Pipeline"]
+    assert fsdp[1] == f"{work.parameters(72) / work.parameters(pipe4):.2f}x"
+    # 72 blocks are 1.8x of 40 blocks, less in parameters (the embedding and head are fixed)
+    assert fsdp[2] == ">= 1.8x" and fsdp[4].startswith(fsdp_met)
     remat = checks["re-materialization alone: pipeline-1 (GPipe) / naive-1"]
     assert remat[1] == f"{work.parameters(10) / work.parameters(4):.2f}x" and remat[4] == "yes"
     assert checks["K = 4 over K = 1, both Pipeline"][4].startswith(met)
@@ -119,7 +125,7 @@ def test_runners_left_out_of_the_quick_run_are_said_so(monkeypatch: pytest.Monke
                "search": {"largest": 0, "first_too_large": None, "trials": [],
                           "stopped": "full run only"}}
     found = [_fake_search(4, 4.0), _fake_search(10, 1.8), _fake_search(10, 1.9),
-             _fake_search(20, 1.9), skipped]
+             _fake_search(20, 1.9), skipped, skipped, skipped]
     monkeypatch.setattr(gpipe_table1, "_quick_searches", lambda context, sizes: found)
     with tempfile.TemporaryDirectory() as out:
         result = gpipe_table1.run(BenchContext(quick=True, out=Path(out),
@@ -166,5 +172,5 @@ def test_the_quick_jobs_leave_the_environment_as_it_was(monkeypatch: pytest.Monk
                                                       progress=lambda line: None), sizes)
     assert "OMP_NUM_THREADS" not in os.environ
     assert sorted(calls) == [("naive", "gpipe", "pipeline"), ("pipeline",)]
-    assert [f["search"]["largest"] for f in found] == [4, 4, 4, 8, 0]
-    assert found[4]["search"]["stopped"] == "full run only"
+    assert [f["search"]["largest"] for f in found] == [4, 4, 4, 8, 0, 0, 0]
+    assert all(f["search"]["stopped"] == "full run only" for f in found[4:])

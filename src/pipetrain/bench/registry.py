@@ -28,6 +28,7 @@ CASES: dict[str, str] = {
     "torchgpipe_paper": "pipetrain.bench.cases.torchgpipe_paper",
     "transport": "pipetrain.bench.cases.transport",
     "vs_torch_frontend": "pipetrain.bench.cases.vs_torch_frontend",
+    "vs_torch_fsdp": "pipetrain.bench.cases.vs_torch_fsdp",
     "frontend_meta_memory": "pipetrain.bench.cases.frontend_meta_memory",
     "async_convergence": "pipetrain.bench.cases.async_convergence",
     "planner": "pipetrain.bench.cases.planner",
