@@ -118,6 +118,19 @@ def test_fsdp_over_replicas_trains_as_one_process_and_reshards_its_checkpoint(tm
                 assert got["held_whole_gradients"] == 0, config
             elif config["num_microbatches"] > 1:
                 assert got["held_whole_gradients"] > 0, config
+            # a worker's shards are 1 / D of its stages' parameters; between its actions
+            # it keeps parameters, gradients and SGD's momentum: with both savings on,
+            # shards only, 3 x its stages' parameters / D; gathered once per step, the
+            # whole parameters besides
+            stage_bytes = got["stage_bytes"]
+            assert abs(2 * got["shard_bytes"] - stage_bytes) <= 0.05 * stage_bytes
+            formula = 3 * stage_bytes / 2
+            if config.get("reshard_after_forward") and config.get("reduce_each_microbatch"):
+                assert 0.9 * formula <= got["state_bytes"] <= 1.1 * formula, \
+                    (config, got["state_bytes"], formula)
+            elif not config.get("reshard_after_forward"):
+                assert got["state_bytes"] >= formula + 0.9 * stage_bytes, \
+                    (config, got["state_bytes"], formula)
             for gathers, reductions in got["counts"]:
                 assert reductions == per_unit * units, \
                     f"{config}: {reductions} reduce-scatters, {units} units"

@@ -89,3 +89,21 @@ def test_a_plan_that_chose_fsdp_trains_with_fsdp_unless_told_otherwise(tmp_path:
     plan.save(path)
     config, _, problems = prepare(build_parser().parse_args(small))
     assert problems == [] and not config.fsdp
+
+
+def test_a_plan_with_fsdp_options_trains_with_them(tmp_path: Path) -> None:
+    from pipetrain.cli.main import build_parser
+    from pipetrain.cli.train_checks import prepare
+
+    plan = Plan(stages=(PlanStage(nodes=(0, 1), replicas=2), PlanStage(nodes=(2, 3), replicas=2)),
+                cost_model="pipetrain", time_per_step=1.0, num_workers=4, schedule="1f1b",
+                num_microbatches=2, checkpoint="never", data_parallel="fsdp",
+                reduce_each_microbatch=True)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path).reduce_each_microbatch and not Plan.load(path).reshard_after_forward
+    small = ["train", "--layers", "2", "--width", "32", "--heads", "2", "--context", "32",
+             "--batch-size", "8", "--sample-bytes", "0", "--plan", str(path)]
+    config, _, problems = prepare(build_parser().parse_args(small))
+    assert problems == [] and config.fsdp and config.fsdp_reduce_each_microbatch
+    assert config.source("fsdp_reduce_each_microbatch") == "plan" and not config.fsdp_reshard

@@ -96,19 +96,53 @@ def _unsharded_gradients(pipe: Any) -> int:
     return held
 
 
-def _watch_gradients(pipe: Any) -> list[int]:
+def _state_bytes(pipe: Any) -> int:
+    """Bytes of parameters, gradients and optimizer state this rank holds now: the shards
+    (their storage, FSDP's padding included), and whatever FSDP holds gathered (whole
+    parameters, whole gradients); each storage counted once."""
+    counted: set[int] = set()
+
+    def size(tensor: Any) -> int:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            return 0
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        storage = local.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in counted:
+            return 0
+        counted.add(storage.data_ptr())
+        return int(storage.nbytes())
+
+    held = 0
+    for optimizer in pipe.optimizers.optimizers.values():
+        held += sum(size(value) for state in optimizer.state.values() for value in state.values())
+    # FSDP's own record of each parameter: the module holds the whole one while gathered
+    for unit in pipe.sharded.units:
+        state = unit._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
+        for param in (p for group in groups if group is not None for p in group.fsdp_params):
+            shard, whole = param.sharded_param, getattr(param, "_unsharded_param", None)
+            held += size(shard) + size(shard.grad)
+            held += size(whole) + (size(whole.grad) if whole is not None else 0)
+            held += size(getattr(param, "unsharded_accumulated_grad", None))
+    return held
+
+
+def _watch_gradients(pipe: Any) -> tuple[list[int], list[int]]:
     """Before every backward of the pipeline's stages, how many whole-gradient elements
-    FSDP holds (appended to the list returned)."""
+    FSDP holds, and the bytes of parameters, gradients and optimizer state the rank holds
+    (appended to the lists returned)."""
     seen: list[int] = []
+    held: list[int] = []
     for stage in pipe.stages.values():
         before = stage.before_backward
 
         def watched(j: int, key: int, before: Any = before) -> None:
             seen.append(_unsharded_gradients(pipe))
+            held.append(_state_bytes(pipe))
             before(j, key)
 
         stage.before_backward = watched
-    return seen
+    return seen, held
 
 
 def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
@@ -126,7 +160,7 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
         mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("pp", "dp", "tp")) if c == 1 else None
         pipe = make_pipeline(ctx, config, mesh)
         losses, counts = [], []
-        held = _watch_gradients(pipe)
+        held, state_bytes = _watch_gradients(pipe)
         for x, y in gpt_batches(steps):
             with CollectiveCounts() as count:
                 losses.append(pipe.train_step(x, y))
@@ -138,6 +172,9 @@ def fsdp_checks_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
         result: dict[str, Any] = {
             "params": full_parameters(pipe), "losses": losses, "counts": counts,
             "collectives": step_collectives, "held_whole_gradients": max(held),
+            "state_bytes": max(state_bytes),
+            "shard_bytes": sum(p.to_local().numel() * p.element_size() for p in pipe.parameters()),
+            "stage_bytes": sum(p.numel() * p.element_size() for p in pipe.parameters()),
             "units": len(pipe.sharded.units) if pipe.sharded is not None else 0,
             "sharded": all(isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp",)
                            for p in pipe.parameters()),

@@ -3,6 +3,7 @@ the simulated step, on hand-computed cases."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -224,3 +225,31 @@ def test_an_fsdp_plan_simulates_its_gathers_and_reduce_scatters() -> None:
     # one worker per stage: nothing to shard, whatever the candidate says
     assert simulate_step(loads, [1, 1], fsdp, bandwidth=1e9).makespan == pytest.approx(
         simulate_step(loads, [1, 1], replicated, bandwidth=1e9).makespan)
+
+
+def test_fsdp_policies_price_a_gather_per_pass_and_a_reduce_scatter_per_backward() -> None:
+    loads = [_load(is_first=j == 0, is_last=j == 1, input_bytes=0.0, parameter_bytes=1e9,
+                   gradient_bytes=1e9) for j in range(2)]
+    gathered = Candidate(schedule="1f1b", num_microbatches=4, data_parallel="fsdp")
+    lean = dataclasses.replace(gathered, reshard_after_forward=True, reduce_each_microbatch=True)
+    base = step_costs(loads, [2, 2], gathered, bandwidth=1e9)
+    costs = step_costs(loads, [2, 2], lean, bandwidth=1e9)
+    assert costs.unshard == (0.0, 0.0) and costs.reduce == (0.0, 0.0)
+    assert costs.forward == tuple(f + 0.5 for f in base.forward)  # type: ignore[union-attr]
+    assert costs.backward == tuple(b + 1.0 for b in base.backward)  # type: ignore[union-attr]
+    # FSDP's hooks gather in line: no UNSHARD / RESHARD actions, as the runtime runs it
+    step = simulate_step(loads, [2, 2], lean, bandwidth=1e9)
+    assert not any(t.action.op.value in ("UNSHARD", "RESHARD") for t in step.timeline)
+    assert step.makespan > simulate_step(loads, [2, 2], gathered, bandwidth=1e9).makespan
+    # the stage model: 2 micro-batches a replica, 2 (gathers) per pass and 1 per backward
+    model = {c.fsdp_policy: PipetrainCostModel(c) for c in (gathered, lean)}
+    level = LevelContext(bandwidth=1e9)
+    extra = model["lean"].stage_time(loads[0], replicas=2, level=level) - model[
+        "gathered"].stage_time(loads[0], replicas=2, level=level)
+    assert extra == pytest.approx(0.5 * (2 * 2 - 1) + 0.5 * (2 - 1))
+    weights = dataclasses.replace(loads[0], weight_memory_bytes=4e9)
+    held = {name: PipetrainCostModel(c).stage_memory(weights, replicas=2, workers_from_stage=4)
+            for name, c in (("gathered", gathered), ("lean", lean))}
+    assert held["gathered"] - held["lean"] == pytest.approx(2e9)  # no whole parameters, gradients
+    with pytest.raises(ValueError, match="are FSDP options"):
+        Candidate(num_microbatches=2, reduce_each_microbatch=True)

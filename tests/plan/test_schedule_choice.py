@@ -12,7 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from pipetrain.plan.costs import LevelContext
-from pipetrain.plan.costs_pipetrain import CHECKPOINT_MODES, Candidate, PipetrainCostModel
+from pipetrain.plan.costs_pipetrain import (
+    CHECKPOINT_MODES,
+    FSDP_POLICIES,
+    Candidate,
+    PipetrainCostModel,
+)
 from pipetrain.plan.depths import best_per_depth
 from pipetrain.plan.graph import CutGraph
 from pipetrain.plan.microbatch_profile import microbatch_counts, microbatch_profile
@@ -362,6 +367,47 @@ def test_under_a_memory_limit_fsdp_is_chosen_where_whole_copies_do_not_fit() -> 
         assert plan(roomy).data_parallel in (None, "replicate")
     with pytest.raises(ValueError, match="memory"):
         plan(250 * mb)  # not even FSDP fits
+
+
+def test_fsdp_policies_let_a_plan_fit_where_gathered_fsdp_does_not() -> None:
+    """The two layers above on 8 workers at 1 GB/s. Sharded over all 8 (one stage, one
+    micro-batch a replica), a worker holds a 100 MB shard, plus 200 MB of gathered
+    parameters unless they are freed after each pass, plus 200 MB of whole gradients
+    unless each backward reduce-scatters them: only the options fit under 350 MB and
+    250 MB, and the planner takes the fastest policy that fits."""
+    from pipetrain.plan.table import render_plan
+
+    mb = 1_000_000
+    layers = tuple(LayerProfile(name=str(k), forward_s=1.0, backward_s=2.0,
+                                parameter_bytes=100 * mb, optimizer_bytes=200 * mb,
+                                output_bytes=1000) for k in range(2))
+    profile = Profile(layers=layers, batch_size=8)
+
+    def plan(memory: float, policies: tuple[str, ...] = ("gathered",)) -> Plan:
+        return plan_pipetrain(profile, PlannerConfig(topology=Topology.flat(8, 1e9),
+                                                     memory_limit=memory,
+                                                     fsdp_policies=policies))
+
+    with pytest.raises(ValueError, match="memory"):
+        plan(250 * mb)  # the default: gathered once per step only
+    every = tuple(FSDP_POLICIES)
+    fitted = {limit: plan(limit * mb, every) for limit in (350, 250)}
+    for limit, found in fitted.items():
+        assert found.data_parallel == "fsdp"
+        assert max(s.memory_per_worker or 0 for s in found.stages) <= limit * mb
+    # one micro-batch a replica: reducing after each backward costs no more collectives,
+    # gathering for each pass one more
+    assert fitted[350].reduce_each_microbatch and not fitted[350].reshard_after_forward
+    lean = fitted[250]
+    assert lean.reshard_after_forward and lean.reduce_each_microbatch
+    assert [s.replicas for s in lean.stages] == [8]
+    assert max(s.memory_per_worker or 0 for s in lean.stages) == pytest.approx(100 * mb, rel=0.01)
+    assert lean.time_per_step > fitted[350].time_per_step  # a gather more per pass
+    assert Plan.from_json(lean.to_json()) == lean
+    assert "--fsdp --fsdp-reshard --fsdp-reduce-each-microbatch" in render_plan(lean)
+    assert "(pipetrain train --fsdp --fsdp-reduce-each-microbatch)" in render_plan(fitted[350])
+    with pytest.raises(ValueError, match=r"fsdp_policies=\(.fast.,\) must be some of gathered"):
+        PlannerConfig(topology=Topology.flat(8, 1e9), fsdp_policies=("fast",))
 
 
 def test_a_straight_plan_never_shards_a_stage_over_workers() -> None:

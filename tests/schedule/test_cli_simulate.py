@@ -321,3 +321,26 @@ def test_fsdp_prices_each_stages_gather_and_reduce_scatter(capsys: pytest.Captur
     for schedule, why in (("pipedream", "not pipedream"), ("forward", "not forward")):
         assert main(["simulate", "--schedule", schedule, *shape, "--fsdp"]) == 2
         assert why in capsys.readouterr().err
+
+
+def test_fsdp_options_move_the_gathers_and_reduce_scatters_into_every_pass(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ["--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--fsdp",
+             "--cost", "forward=1,backward=2,unshard=0.5,reduce=0.25"]
+    gathered = _json(capsys, *shape)
+    reshard = _json(capsys, *shape, "--fsdp-reshard")
+    each = _json(capsys, *shape, "--fsdp-reduce-each-microbatch")
+    lean = _json(capsys, *shape, "--fsdp-reshard", "--fsdp-reduce-each-microbatch")
+    costs = {name: run["stage_costs"] for name, run in  # type: ignore[misc]
+             (("reshard", reshard), ("each", each), ("lean", lean))}
+    assert costs["reshard"]["forward"] == [1.5, 1.5] and costs["reshard"]["unshard"] == [0, 0]
+    assert costs["each"]["backward"] == [2.25, 2.25] and costs["each"]["reduce"] == [0, 0]
+    assert costs["lean"]["backward"] == [2.75, 2.75]
+    # 1F1B on 2 ranks and 4 micro-batches: 4 (F + B) of rank 0 and the bubble of one (F + B)
+    assert gathered["makespan"] == 5 * 3 + 0.5 + 0.25
+    assert reshard["makespan"] == 5 * 4 + 0.25
+    assert each["makespan"] == 5 * 3.25 + 0.5
+    assert lean["makespan"] == 5 * 4.25
+    assert main(["simulate", *shape[:-3], "--fsdp-reshard"]) == 2
+    assert "--fsdp-reshard sets where the FSDP stages gather and reduce; add --fsdp" in \
+        capsys.readouterr().err

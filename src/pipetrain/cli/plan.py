@@ -100,10 +100,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
              "always, per-stage: each stage the fastest mode that fits; default: never, and "
              "all four under --memory)",
     )
+    parser.add_argument(
+        "--fsdp-policies",
+        nargs="+",
+        metavar="POLICY",
+        help="pipetrain cost model, under --memory: where the FSDP plans gather and reduce, "
+             "to choose from: gathered (parameters gathered once per step, gradients "
+             "reduce-scattered once: pipetrain train --fsdp), reduce-each "
+             "(--fsdp-reduce-each-microbatch), reshard (--fsdp-reshard), lean (both), or "
+             "all; default gathered",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     parser.add_argument("--out", metavar="FILE", help="also write the plan file here")
     parser.set_defaults(run=run)
     return parser
+
+
+def _policies(names: list[str] | None) -> tuple[str, ...]:
+    """``--fsdp-policies`` as PlannerConfig takes it (``all``: every policy; none given:
+    the default)."""
+    from pipetrain.plan.costs_pipetrain import FSDP_POLICIES
+
+    if not names:
+        return ("gathered",)
+    return tuple(FSDP_POLICIES) if names == ["all"] else tuple(names)
 
 
 def load_profile(path: str) -> Profile:
@@ -146,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             schedules=tuple(args.schedule) if args.schedule else None,
             num_microbatches=tuple(args.microbatches) if args.microbatches else None,
             checkpoints=tuple(args.checkpoint) if args.checkpoint else None,
+            fsdp_policies=_policies(args.fsdp_policies),
         )
         plan = make_plan(profile, config, progress=_progress)
     except ValueError as error:

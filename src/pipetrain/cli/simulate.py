@@ -26,6 +26,7 @@ from pipetrain.schedule import (
     build_schedule,
     canonical_name,
     default_stages_per_rank,
+    fsdp_policy_costs,
     load_schedule,
     render_grid,
     render_timeline,
@@ -136,6 +137,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
              "frees the gathered copy (RESHARD) before its optimizer STEP (cost step); e.g. "
              "--fsdp --cost unshard=0.5,reduce=0.5",
     )
+    parser.add_argument(
+        "--fsdp-reshard", action="store_true",
+        help="with --fsdp: each forward and each backward gathers its stage's parameters "
+             "(the cost unshard, in line) and frees them after, as --fsdp-reshard of "
+             "pipetrain train does: no UNSHARD / RESHARD actions",
+    )
+    parser.add_argument(
+        "--fsdp-reduce-each-microbatch", action="store_true",
+        help="with --fsdp: each backward reduce-scatters the gradients it made (the cost "
+             "reduce, in line), as in pipetrain train; REDUCE then costs nothing",
+    )
     parser.add_argument("--vertical-sync", action="store_true",
                         help="pipedream: every stage uses the input stage's weight version")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -167,6 +179,12 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     if not asynchronous and (args.steps is not None or args.vertical_sync):
         raise ValueError(f"--steps and --vertical-sync are for {', '.join(ASYNC_SCHEDULES)}, "
                          f"not {name}")
+    policy = [flag for flag, on in (("--fsdp-reshard", args.fsdp_reshard),
+                                    ("--fsdp-reduce-each-microbatch",
+                                     args.fsdp_reduce_each_microbatch)) if on]
+    if policy and not args.fsdp:
+        raise ValueError(f"{' and '.join(policy)} {'sets' if len(policy) == 1 else 'set'} "
+                         "where the FSDP stages gather and reduce; add --fsdp")
     if args.fsdp and (asynchronous or name == "forward"):
         raise ValueError(f"--fsdp is for the synchronous training schedules, not {name} (FSDP "
                          "gathers and reduces once per step: there is no such step)")
@@ -181,7 +199,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
         reduce=args.fsdp,
         **({"num_steps": steps, "vertical_sync": args.vertical_sync} if asynchronous else {}),
     )
-    return add_fsdp_actions(schedule) if args.fsdp else schedule
+    return add_fsdp_actions(schedule) if args.fsdp and not args.fsdp_reshard else schedule
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         name, virtual = schedule.name, schedule.num_stages // schedule.num_ranks
         stage_layers = _stage_layers(schedule, args.layers)
         costs = model_costs(given, num_ranks=schedule.num_ranks, stage_layers=stage_layers)
+        if args.fsdp:
+            costs = fsdp_policy_costs(costs, schedule.num_stages,
+                                      reshard_after_forward=args.fsdp_reshard,
+                                      reduce_each_microbatch=args.fsdp_reduce_each_microbatch)
         result = simulate(schedule, costs)
         steady = _steady(schedule, result, costs, args) if name in ASYNC_SCHEDULES else None
         memory = _memory(schedule, stage_layers, args)

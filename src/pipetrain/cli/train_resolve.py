@@ -174,7 +174,9 @@ def _plan(config: RunConfig) -> None:
                               "stage_replicas": None if even else replicas}
     fsdp = True if plan.data_parallel == "fsdp" else None
     for option, value in (("schedule", plan.schedule), ("microbatches", plan.num_microbatches),
-                          ("checkpoint", plan.checkpoint), ("fsdp", fsdp)):
+                          ("checkpoint", plan.checkpoint), ("fsdp", fsdp),
+                          ("fsdp_reshard", plan.reshard_after_forward or None),
+                          ("fsdp_reduce_each_microbatch", plan.reduce_each_microbatch or None)):
         if value is not None and not config.given(option):
             values[option] = value
     config.set("plan", **{k: v for k, v in values.items()

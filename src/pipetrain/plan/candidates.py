@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from pipetrain.plan.costs import CostModel, LevelContext
 from pipetrain.plan.costs_pipetrain import (
+    FSDP_POLICIES,
     PLANNED_CHECKPOINTS,
     UNRUNNABLE_TIME,
     Candidate,
@@ -267,12 +268,14 @@ def step_microbatch_counts(profile: Profile, config: PlannerConfig) -> tuple[int
     return tuple(sorted({m * d for m in config.num_microbatches for d in range(1, first + 1)}))
 
 
-def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tuple[str, ...], str]]:
-    """``(group, schedules, data_parallel)`` per search of one (N, checkpoint); group 0:
-    any replicas. Groups of more replicas than ``num_microbatches`` cannot run, and are
-    left out. Under a memory limit and unless straight, FSDP over groups of 2 or more replicas too (one
-    ``dp`` size for every stage, and schedules that neither split backwards nor keep
-    several weight versions)."""
+def _kinds(config: PlannerConfig,
+           num_microbatches: int) -> list[tuple[int, tuple[str, ...], str, str]]:
+    """``(group, schedules, data_parallel, fsdp_policy)`` per search of one (N,
+    checkpoint); group 0: any replicas. Groups of more replicas than ``num_microbatches``
+    cannot run, and are left out. Under a memory limit and unless straight, FSDP over
+    groups of 2 or more replicas too (one ``dp`` size for every stage, and schedules that
+    neither split backwards nor keep several weight versions), once per policy of
+    ``config.fsdp_policies``."""
     workers = config.topology.num_workers
     schedules = config.schedules or PLANNED_SCHEDULES
     free = tuple(s for s in schedules if s in REPLICATED_SCHEDULES or config.straight)
@@ -289,12 +292,13 @@ def _kinds(config: PlannerConfig, num_microbatches: int) -> list[tuple[int, tupl
         whole = tuple(n for n in names if not splits_backward(n))
         return [group for group in (whole, halves) if group]
 
-    kinds = [(0, group, "replicate") for group in split(free)] + [
-        (d, group, "replicate") for group in split(uniform) for d in sizes]
+    kinds = [(0, group, "replicate", "gathered") for group in split(free)] + [
+        (d, group, "replicate", "gathered") for group in split(uniform) for d in sizes]
     if config.memory_limit is None or config.straight:  # straight: one worker per stage
         return kinds
     sharded = tuple(s for s in schedules if not splits_backward(s) and s not in ASYNC_SCHEDULES)
-    return kinds + [(d, group, "fsdp") for group in split(sharded) for d in sizes if d > 1]
+    return kinds + [(d, group, "fsdp", policy) for group in split(sharded)
+                    for d in sizes if d > 1 for policy in config.fsdp_policies]
 
 
 def searches(profile: Profile, config: PlannerConfig, *,
@@ -311,10 +315,12 @@ def searches(profile: Profile, config: PlannerConfig, *,
     for n in step_microbatch_counts(profile, config):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)
         for checkpoint in modes:
-            for size, schedules, data_parallel in _kinds(config, n):
+            for size, schedules, data_parallel, policy in _kinds(config, n):
+                reshard, each = FSDP_POLICIES[policy]
                 model: CostModel = PipetrainCostModel(
                     Candidate(schedule=schedules[0], num_microbatches=n, checkpoint=checkpoint,
-                              per_replica=config.num_microbatches, data_parallel=data_parallel),
+                              per_replica=config.num_microbatches, data_parallel=data_parallel,
+                              reshard_after_forward=reshard, reduce_each_microbatch=each),
                     num_workers=workers,
                 )
                 units = workers

@@ -68,6 +68,7 @@ from pipetrain.schedule import Op, build_schedule
 __all__ = [
     "CHECKPOINT_MODES",
     "DATA_PARALLEL_MODES",
+    "FSDP_POLICIES",
     "PER_STAGE",
     "PLANNED_CHECKPOINTS",
     "UNRUNNABLE_BYTES",
@@ -86,6 +87,16 @@ __all__ = [
 
 DATA_PARALLEL_MODES = ("replicate", "fsdp")
 """How the replicas of a stage hold its weights (:attr:`Candidate.data_parallel`)."""
+FSDP_POLICIES: dict[str, tuple[bool, bool]] = {
+    "gathered": (False, False),
+    "reduce-each": (False, True),
+    "reshard": (True, False),
+    "lean": (True, True),
+}
+"""When a sharded stage gathers and reduces, by name: ``(reshard_after_forward,
+reduce_each_microbatch)`` (:class:`~pipetrain.api.config.PipelineConfig`'s options;
+``pipetrain train --fsdp-reshard`` / ``--fsdp-reduce-each-microbatch``), fewest
+collectives first."""
 CHECKPOINT_MODES = ("never", "except_last", "always")
 """Re-materialization modes, as :mod:`pipetrain.checkpoint` names them."""
 PER_STAGE = "per-stage"
@@ -127,6 +138,18 @@ class Candidate:
     data_parallel: str = "replicate"
     """How a stage's replicas hold its weights: each a whole copy (``replicate``), or
     sharded by FSDP (``fsdp``: see :meth:`PipetrainCostModel.stage_memory`)."""
+    reshard_after_forward: bool = False
+    """``fsdp``: every forward and backward gathers the stage's parameters and frees them
+    after (none kept gathered across the step; one gather per pass)."""
+    reduce_each_microbatch: bool = False
+    """``fsdp``: every backward reduce-scatters its gradients (no whole gradient kept;
+    one reduce-scatter per micro-batch)."""
+
+    @property
+    def fsdp_policy(self) -> str:
+        """The :data:`FSDP_POLICIES` name of the two options."""
+        options = (self.reshard_after_forward, self.reduce_each_microbatch)
+        return next(name for name, value in FSDP_POLICIES.items() if value == options)
 
     def __post_init__(self) -> None:
         n = self.num_microbatches
@@ -139,6 +162,11 @@ class Candidate:
         if self.data_parallel not in DATA_PARALLEL_MODES:
             raise ValueError(f"data_parallel={self.data_parallel!r} must be one of "
                              f"{', '.join(DATA_PARALLEL_MODES)}")
+        if self.data_parallel != "fsdp" and (self.reshard_after_forward
+                                             or self.reduce_each_microbatch):
+            raise ValueError("reshard_after_forward and reduce_each_microbatch are FSDP "
+                             f"options; data_parallel={self.data_parallel!r} has none: fix: "
+                             "data_parallel='fsdp'")
 
 
 def stage_mode(candidate: Candidate, stage: int) -> str:
@@ -228,12 +256,15 @@ def splits_backward(schedule: str) -> bool:
     return any(a.op is Op.BACKWARD_INPUT for actions in built.actions for a in actions)
 
 
-def weights_held(load: StageLoad, replicas: int, data_parallel: str) -> float:
+def weights_held(load: StageLoad, replicas: int, data_parallel: str, *,
+                 reshard_after_forward: bool = False,
+                 reduce_each_microbatch: bool = False) -> float:
     """Bytes of parameters, gradients and optimizer state a worker of the stage holds at
-    its step's peak. Replicated: all of them. Under FSDP (pipetrain keeps a stage's
-    parameters gathered across the step's micro-batches and reduce-scatters the
-    gradients once, after its last backward): a ``1 / replicas`` shard of them, plus the
-    gathered parameters and the gathered gradients they accumulate into.
+    its step's peak. Replicated: all of them. Under FSDP: a ``1 / replicas`` shard of
+    them, plus by default the gathered parameters (kept across the step's micro-batches)
+    and the whole gradients they accumulate into (reduce-scattered once, after the last
+    backward); ``reshard_after_forward`` drops the first, ``reduce_each_microbatch`` the
+    second (a layer's gathered copy while it runs is not counted).
 
     Example:
         >>> from pipetrain.plan.costs import StageLoad
@@ -242,10 +273,14 @@ def weights_held(load: StageLoad, replicas: int, data_parallel: str) -> float:
         ...                  weight_memory_bytes=16.0, gradient_bytes=4.0)
         >>> weights_held(load, 4, "replicate"), weights_held(load, 4, "fsdp")
         (16.0, 12.0)
+        >>> weights_held(load, 4, "fsdp", reshard_after_forward=True,
+        ...              reduce_each_microbatch=True)  # the formula: 16 / 4
+        4.0
     """
     if data_parallel != "fsdp" or replicas <= 1:
         return load.weight_memory_bytes
-    gathered = load.parameter_bytes + (load.gradient_bytes or load.parameter_bytes)
+    gathered = (0.0 if reshard_after_forward else load.parameter_bytes) + (
+        0.0 if reduce_each_microbatch else (load.gradient_bytes or load.parameter_bytes))
     return load.weight_memory_bytes / replicas + gathered
 
 
@@ -319,7 +354,11 @@ class PipetrainCostModel:
         c, r = self.candidate, replicas
         n = -(-c.num_microbatches // r)
         recompute = recomputed_forwards(c.checkpoint, n) * load.forward_s
-        allreduce = 2 * (r - 1) / r * load.gradient_bytes / level.bandwidth
+        ring = (r - 1) / r / level.bandwidth
+        allreduce = 2 * ring * load.gradient_bytes
+        if c.data_parallel == "fsdp":  # a gather per pass, a reduce-scatter per backward
+            allreduce += ring * ((2 * n - 1) * load.parameter_bytes * c.reshard_after_forward
+                                 + (n - 1) * load.gradient_bytes * c.reduce_each_microbatch)
         passes = load.compute_s
         if splits_backward(c.schedule):
             passes = load.forward_s + load.backward_input_s + load.backward_weight_s
@@ -340,7 +379,10 @@ class PipetrainCostModel:
             activations += (load.input_workspace_bytes if splits_backward(c.schedule)
                             else load.workspace_bytes)
         versions = weight_versions(c.schedule, kept) * load.parameter_bytes
-        return weights_held(load, replicas, c.data_parallel) + versions + activations
+        return weights_held(load, replicas, c.data_parallel,
+                            reshard_after_forward=c.reshard_after_forward,
+                            reduce_each_microbatch=c.reduce_each_microbatch
+                            ) + versions + activations
 
     def min_replicas(
         self,

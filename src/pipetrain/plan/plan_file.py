@@ -22,13 +22,15 @@ the Python API read it. The JSON form (:meth:`Plan.to_dict`)::
      "profile": {"source": "pipedream graph.txt", "path": "...", "num_nodes": 40,
                  "is_sequence": false, "batch_size": 1, "digest": "sha256:..."},
      "schedule": null, "num_microbatches": null, "checkpoint": null,
-     "data_parallel": null, "replicated_memory": null}
+     "data_parallel": null, "reshard_after_forward": false,
+     "reduce_each_microbatch": false, "replicated_memory": null}
 
 ``schedule``, ``num_microbatches``, ``checkpoint`` and ``data_parallel`` are filled by
 cost models that choose them (the ``pipetrain`` model); ``null`` leaves the choice to the
 trainer. ``data_parallel: "fsdp"`` shards each stage's weights over its replicas (every
-stage has the same number), and ``replicated_memory`` says what the plan would need per
-worker with whole copies instead.
+stage has the same number), ``reshard_after_forward`` and ``reduce_each_microbatch`` are
+its options (``pipetrain train --fsdp-reshard`` / ``--fsdp-reduce-each-microbatch``), and
+``replicated_memory`` says what the plan would need per worker with whole copies instead.
 ``num_microbatches`` counts micro-batches per replica of the first stage, as
 :class:`~pipetrain.api.config.PipelineConfig` does: a step runs ``num_microbatches x
 stages[0].replicas`` of them, dealt round-robin over each stage's replicas.
@@ -174,6 +176,11 @@ class Plan:
     data_parallel: str | None = None
     """``fsdp``: the replicas of every stage shard its weights (``pipetrain train
     --fsdp``); ``replicate`` or None: each holds a whole copy."""
+    reshard_after_forward: bool = False
+    """FSDP: gather the parameters for every forward and backward (``--fsdp-reshard``)."""
+    reduce_each_microbatch: bool = False
+    """FSDP: reduce-scatter the gradients after every backward
+    (``--fsdp-reduce-each-microbatch``)."""
     replicated_memory: float | None = None
     """For an FSDP plan: the most memory per worker the same plan needs replicated."""
 
@@ -260,6 +267,8 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "checkpoint": self.checkpoint,
             "data_parallel": self.data_parallel,
+            "reshard_after_forward": self.reshard_after_forward,
+            "reduce_each_microbatch": self.reduce_each_microbatch,
             "replicated_memory": self.replicated_memory,
         }
 
@@ -297,6 +306,8 @@ class Plan:
             num_microbatches=data.get("num_microbatches"),
             checkpoint=data.get("checkpoint"),
             data_parallel=data.get("data_parallel"),
+            reshard_after_forward=bool(data.get("reshard_after_forward", False)),
+            reduce_each_microbatch=bool(data.get("reduce_each_microbatch", False)),
             replicated_memory=data.get("replicated_memory"),
         )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetrain.plan.cost_models import DEFAULT_COST_MODEL
-from pipetrain.plan.costs_pipetrain import PLANNED_CHECKPOINTS
+from pipetrain.plan.costs_pipetrain import FSDP_POLICIES, PLANNED_CHECKPOINTS
 from pipetrain.plan.effort import DEFAULT_MAX_WORK
 from pipetrain.plan.graph import DEFAULT_MAX_CUTS
 from pipetrain.plan.topology import Topology
@@ -75,6 +75,11 @@ class PlannerConfig:
     """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
     ``except_last``, ``always`` and ``per-stage``: each stage its own fastest fitting
     mode, :mod:`pipetrain.plan.per_stage`)."""
+    fsdp_policies: tuple[str, ...] = ("gathered",)
+    """Where FSDP plans (under a memory limit) gather and reduce, to choose from: names of
+    :data:`~pipetrain.plan.costs_pipetrain.FSDP_POLICIES` (``gathered``: parameters
+    gathered once per step and gradients reduced once, pipetrain's default;
+    ``reduce-each``, ``reshard``, ``lean``: less memory for more collectives)."""
     max_work: int | None = DEFAULT_MAX_WORK
     """The most steps the planner's programs may take (None: no limit); a plan that
     needs more is refused at once with :class:`~pipetrain.plan.effort.PlanTooLarge`,
@@ -142,4 +147,11 @@ class PlannerConfig:
             problems.append(
                 f"checkpoints={modes!r} must be some of {', '.join(PLANNED_CHECKPOINTS)}"
             )
+        policies = self.fsdp_policies
+        if not policies or any(p not in FSDP_POLICIES for p in policies):
+            problems.append(f"fsdp_policies={policies!r} must be some of "
+                            f"{', '.join(FSDP_POLICIES)}")
+        elif policies != ("gathered",) and self.cost_model != "pipetrain":
+            problems.append(f"fsdp_policies are choices of the pipetrain cost model, not of "
+                            f"{self.cost_model!r}; fix: cost_model='pipetrain'")
         return problems

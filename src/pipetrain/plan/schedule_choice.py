@@ -57,7 +57,7 @@ from pipetrain.plan.candidates import (
     searches,
     step_microbatch_counts,
 )
-from pipetrain.plan.costs_pipetrain import Candidate, PipetrainCostModel
+from pipetrain.plan.costs_pipetrain import FSDP_POLICIES, Candidate, PipetrainCostModel
 from pipetrain.plan.effort import Effort
 from pipetrain.plan.flat import (
     memory_advice,
@@ -83,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 _PREFERENCE = ("1f1b", "zb-h1", "zb-h2", "gpipe")
 """Between plans as fast and as small: the runtime's default first."""
+
+_POLICY_ORDER = tuple(FSDP_POLICIES)
 
 SAME_SPEED = 1e-3
 """Predicted steps within this fraction of each other count as equally fast: then the
@@ -309,10 +311,14 @@ def _beats(a: _Scored, b: _Scored) -> bool:
     """:func:`prefer`, then the preferred schedule, then fewer micro-batches; between
     replicated and FSDP plans as fast as each other, the replicated one (FSDP's cost
     beyond its collectives, a gather per layer and no fused weight-gradient backward, is
-    not modelled: it is chosen for the memory it saves, not for a tie)."""
-    if (a.candidate.data_parallel != b.candidate.data_parallel
-            and abs(a.step - b.step) <= SAME_SPEED * max(a.step, b.step)):
+    not modelled: it is chosen for the memory it saves, not for a tie), and between FSDP
+    policies as fast as each other, the one with fewer collectives."""
+    same_speed = abs(a.step - b.step) <= SAME_SPEED * max(a.step, b.step)
+    if a.candidate.data_parallel != b.candidate.data_parallel and same_speed:
         return a.candidate.data_parallel == "replicate"
+    if a.candidate.fsdp_policy != b.candidate.fsdp_policy and same_speed:  # fewer collectives
+        return _POLICY_ORDER.index(a.candidate.fsdp_policy) < _POLICY_ORDER.index(
+            b.candidate.fsdp_policy)
     if prefer((a.step, a.memory), (b.step, b.memory)) or prefer((b.step, b.memory),
                                                                    (a.step, a.memory)):
         return prefer((a.step, a.memory), (b.step, b.memory))
@@ -380,7 +386,9 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         after -= r
     replicated = None
     if candidate.data_parallel == "fsdp":  # what the same plan would need replicated
-        replicated_models = stage_models(dataclasses.replace(candidate, data_parallel="replicate"),
+        replicated_models = stage_models(dataclasses.replace(
+            candidate, data_parallel="replicate", reshard_after_forward=False,
+            reduce_each_microbatch=False),
                                          len(best.stages), num_workers=workers)
         after = sum(r for _, _, r in best.stages)
         replicated = 0.0
@@ -410,5 +418,7 @@ def _plan(profile: Profile, best: _Scored, config: PlannerConfig) -> Plan:
         checkpoint=(",".join(candidate.stage_checkpoints) if candidate.stage_checkpoints
                     else candidate.checkpoint),
         data_parallel=candidate.data_parallel,
+        reshard_after_forward=candidate.reshard_after_forward,
+        reduce_each_microbatch=candidate.reduce_each_microbatch,
         replicated_memory=replicated,
     )

@@ -53,6 +53,7 @@ from pipetrain.schedule import (
     SimulationResult,
     add_fsdp_actions,
     build_schedule,
+    fsdp_policy_costs,
     simulate,
 )
 
@@ -77,7 +78,7 @@ def step_schedule(candidate: Candidate, replicas: Sequence[int]) -> Schedule:
         ValueError: the schedule cannot run these replica counts (the message says why).
     """
     return _built(candidate.schedule, candidate.num_microbatches, tuple(replicas),
-                  fsdp=_sharded(candidate, replicas))
+                  fsdp=_sharded(candidate, replicas) and not candidate.reshard_after_forward)
 
 
 def _sharded(candidate: Candidate, replicas: Sequence[int]) -> bool:
@@ -161,7 +162,7 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         reduce.append((1 if sharded else 2) * ring * load.gradient_bytes)
         gather.append(ring * load.parameter_bytes if sharded else 0.0)
         step.append(load.optimizer_step_s)
-    return Costs(
+    costs = Costs(
         forward=tuple(forward),
         backward=tuple(backward),
         backward_input=tuple(inputs),
@@ -171,6 +172,11 @@ def step_costs(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: C
         step=tuple(step),
         unshard=tuple(gather),
     )
+    if not sharded or candidate.fsdp_policy == "gathered":
+        return costs
+    return fsdp_policy_costs(costs, len(loads),
+                             reshard_after_forward=candidate.reshard_after_forward,
+                             reduce_each_microbatch=candidate.reduce_each_microbatch)
 
 
 def simulate_step(loads: Sequence[StageLoad], replicas: Sequence[int], candidate: Candidate, *,

@@ -117,9 +117,16 @@ def render_plan(plan: Plan) -> str:
                  f"{_bytes(replicated)} per worker"
                  + (", over the limit" if plan.memory_limit and replicated > plan.memory_limit
                     else "") if replicated is not None else "")
+        flags = " --fsdp-reshard" * plan.reshard_after_forward + (
+            " --fsdp-reduce-each-microbatch" * plan.reduce_each_microbatch)
+        gathered = ("gathered for every forward and backward" if plan.reshard_after_forward
+                    else "gathered once per step")
+        reduced = ("reduce-scattered after every backward" if plan.reduce_each_microbatch
+                   else "reduce-scattered once per step")
         lines.append(f"data parallel: FSDP, each stage's parameters, gradients and optimizer "
-                     f"state sharded over its {plan.stages[0].replicas} replicas "
-                     f"(pipetrain train --fsdp){whole}")
+                     f"state sharded over its {plan.stages[0].replicas} replicas, the "
+                     f"parameters {gathered}, the gradients {reduced} (pipetrain train "
+                     f"--fsdp{flags}){whole}")
     if plan.schedule is not None:
         per = " per replica of stage 0" if plan.stages[0].replicas > 1 else ""
         lines.append(

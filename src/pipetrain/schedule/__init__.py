@@ -24,6 +24,7 @@ from pipetrain.schedule.costs import Costs, StageCosts
 from pipetrain.schedule.dualpipe_v import dualpipe_v
 from pipetrain.schedule.execution import TimedAction
 from pipetrain.schedule.forward_only import forward_only
+from pipetrain.schedule.fsdp_costs import fsdp_policy_costs
 from pipetrain.schedule.gpipe import gpipe
 from pipetrain.schedule.grid import render_grid
 from pipetrain.schedule.interleaved import interleaved_1f1b
@@ -94,6 +95,7 @@ __all__ = [
     "find_problems",
     "format_actions",
     "forward_only",
+    "fsdp_policy_costs",
     "get_generator",
     "gpipe",
     "interleaved_1f1b",
