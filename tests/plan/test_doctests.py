@@ -16,6 +16,7 @@ MODULES = [
     "pipetrain.plan.costs",
     "pipetrain.plan.costs_pipedream",
     "pipetrain.plan.costs_pipetrain",
+    "pipetrain.plan.held_weights",
     "pipetrain.plan.depths",
     "pipetrain.plan.exact_count",
     "pipetrain.plan.exact_dp",
