@@ -169,7 +169,7 @@ def test_stage_boundary_carrying_a_dict_with_an_integer_mask() -> None:
 
 def test_per_stage_and_selective_recomputation_and_offload_match_single_process() -> None:
     """One mode per stage, selective recomputation (matrix products kept, the rest
-    recomputed from them in backward), activation offload, on 1F1B, ZB-V (split backward)
+    recomputed from them in backward), per-layer recomputation, activation offload, on 1F1B, ZB-V (split backward)
     and the capped V schedules: the GPT's weights and losses of one process."""
     v = {"num_stages": 2, "stages_per_rank": 2, "num_microbatches": 4}
     configs = [
@@ -180,6 +180,8 @@ def test_per_stage_and_selective_recomputation_and_offload_match_single_process(
         {**v, "schedule": "zb-v", "checkpoint": ("selective", "always", "never", "except_last")},
         {**v, "schedule": "v-half", "checkpoint": "always,selective,except_last,never"},
         {**v, "schedule": "v-min", "checkpoint": "selective"},
+        {"num_stages": 2, "num_microbatches": 3, "schedule": "1f1b", "checkpoint": "per_layer"},
+        {**v, "schedule": "zb-v", "checkpoint": ("per_layer", "always", "selective", "never")},
         # activation offload (on the CPU the host is the device: the path runs, nothing moves)
         {"num_stages": 2, "num_microbatches": 3, "schedule": "1f1b", "offload": 0},
         {**v, "schedule": "zb-v", "offload": (0, None, 0.01, 0),

@@ -32,18 +32,22 @@ def test_the_reference_depends_on_the_seed_so_the_comparisons_can_fail() -> None
 
 
 def test_one_and_two_stages_every_schedule_and_checkpoint_mode_equal_the_reference() -> None:
-    """K=2 with every schedule and checkpoint mode (selective and one mode per stage too),
+    """K=2 with every schedule and checkpoint mode (selective, per-layer and one mode per
+    stage too),
     and K=1 (with 2 replicas, in the same job) with every schedule."""
     one_stage = [
         {"schedule": schedule, "num_stages": 1, "replicas": 2, "checkpoint": checkpoint,
          "num_microbatches": 3, "stages_per_rank": 2 if schedule == "interleaved-1f1b" else 1}
         for schedule, checkpoint in zip(SCHEDULES, ("always", "never", "except_last", "always"))
     ]
-    # selective recomputation re-runs the random ops inside the backward: the same masks
+    # selective and per-layer recomputation re-run the random ops inside the backward: the
+    # same masks
     selective = [{"schedule": schedule, "num_stages": 2, "checkpoint": checkpoint,
                   "num_microbatches": MICROBATCHES}
                  for schedule, checkpoint in (("1f1b", "selective"),
-                                              ("zb-h1", ("selective", "always")))]
+                                              ("zb-h1", ("selective", "always")),
+                                              ("1f1b", "per_layer"),
+                                              ("zb-h1", ("always", "per_layer")))]
     chosen = every_schedule(2, num_microbatches=MICROBATCHES) + one_stage + selective
     results = run_workers(train_job, 2, "dropout", chosen, STEPS, SIZE, timeout=300)
     failures = compare("dropout", results, chosen, steps=STEPS, size=SIZE)

@@ -1,7 +1,7 @@
-"""What a stage holds for backward: selective recomputation and activation offload.
+"""What a stage holds for backward: selective and per-layer recomputation, activation offload.
 
 Each mode gives the gradients of a plain stage; selective recomputation holds less than
-keeping everything (the resident-set growth of one forward, malloc trimmed before), and
+keeping everything and per-layer recomputation only its layers' inputs (the resident-set growth of one forward, malloc trimmed before), and
 offload moves what exceeds its budget, prefetched one action ahead of the backward.
 """
 
@@ -31,7 +31,7 @@ def _blocks(width: int, context: int, depth: int = 2) -> torch.nn.Sequential:
 
 def _stage(mode: str, blocks: torch.nn.Module) -> StageCompute:
     return StageCompute(blocks, stage_index=1, device=torch.device("cpu"),
-                        selective=mode == "selective")
+                        selective=mode == "selective", per_layer=mode == "per_layer")
 
 
 def _grads(stage: StageCompute, x: torch.Tensor, mode: str) -> list[torch.Tensor]:
@@ -64,18 +64,19 @@ print(anonymous_bytes() - before)
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="needs glibc")
-def test_selective_holds_less_than_everything_and_computes_the_same_gradients() -> None:
+def test_selective_and_per_layer_hold_less_than_everything_with_the_same_gradients() -> None:
     torch.manual_seed(0)
     blocks = _blocks(width=64, context=32)
     x = torch.randn(4, 32, 64)
     expected = _grads(_stage("never", blocks), x, "never")
-    for a, b in zip(_grads(_stage("selective", blocks), x, "selective"), expected):
-        assert torch.allclose(a, b, atol=1e-5)
+    for mode in ("selective", "per_layer"):
+        for a, b in zip(_grads(_stage(mode, blocks), x, mode), expected):
+            assert torch.allclose(a, b, atol=1e-5), mode
     tests = str(Path(__file__).parents[1])
     # each in a fresh process (nothing freed before), both at once (each measures itself)
     running = {mode: subprocess.Popen([sys.executable, "-c", _HELD.format(tests=tests, mode=mode)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for mode in ("never", "selective")}
+               for mode in ("never", "selective", "per_layer")}
     held = {}
     for mode, process in running.items():
         try:
@@ -88,6 +89,9 @@ def test_selective_holds_less_than_everything_and_computes_the_same_gradients() 
     # 42 MiB with selective recomputation (with glibc's own mmap threshold, which moves, the
     # forward reused freed memory and the figures varied: once only 9% apart)
     assert held["selective"] < 0.9 * held["never"], held
+    # per layer: the second block's input and the stage's output (8 x 256 x 256 floats,
+    # 2 MiB each; the first block's input is the stage's, allocated before): 4.1 MiB here
+    assert held["per_layer"] < 6 << 20 < held["selective"], held
 
 
 def test_offload_keeps_its_budget_and_prefetches_before_the_backward() -> None:

@@ -280,6 +280,9 @@ def test_activation_bytes_per_rank_and_stage_under_modes_and_offload(
                   "--offload", "none,none,1e6,none")
     # stage 0: 4 inputs and one rebuilt micro-batch; stage 2: 1 MB and the one in backward
     assert mixed["activation_bytes_per_stage"] == [4e4 + 2e6, 3 * 2.01e6, 1e6 + 2.01e6, 2.01e6]
+    # per layer: each kept micro-batch holds its 2 layers' inputs, a backward one layer rebuilt
+    layered = _json(capsys, *base, "--checkpoint", "per_layer")
+    assert layered["activation_bytes_per_rank"] == [k * 2e4 + 1e6 for k in (4, 3, 2, 1)]
     # V-Half on the same layers (one per half stage, no inputs counted): half of 1F1B's 8 MB
     v = _json(capsys, "--schedule", "v-half", "--stages", "4", "--microbatches", "8",
               "--layers", "8", "--activations", "1e6")

@@ -42,6 +42,13 @@ def test_rematerialized_stages_keep_their_inputs_and_one_rebuilt_micro_batch() -
     selective = activation_peaks(schedule, [StageBytes(saved=100.0, input=1.0, selective=40.0)] * 4,
                                  modes=("selective",) * 4)
     assert selective.per_rank == (164.0, 123.0, 82.0, 41.0)
+    # per layer: each kept micro-batch holds its layers' inputs (5), and a running backward
+    # the largest layer's rebuilt activations (25) on top
+    layered = [StageBytes(saved=100.0, input=1.0, layer_inputs=5.0, layer_saved=25.0)] * 4
+    per_layer = activation_peaks(schedule, layered, modes=("per_layer",) * 4)
+    assert per_layer.per_rank == (45.0, 40.0, 35.0, 30.0)
+    assert activation_peaks(schedule, layered, modes=("per_layer", "never", "always", "always")
+                            ).per_stage == (45.0, 303.0, 102.0, 101.0)
 
 
 def test_an_offload_budget_caps_what_a_stage_keeps_on_its_device() -> None:

@@ -76,7 +76,9 @@ class PipelineConfig:
     """What each stage does with its activations: ``always``, ``except_last`` or
     ``never`` (which micro-batches are re-materialized: all, all but the last, none) or
     ``selective`` (keep only the outputs of matrix products and attention, recompute the
-    rest: :mod:`pipetrain.runtime.selective`); one mode for every stage, or one per model
+    rest: :mod:`pipetrain.runtime.selective`) or ``per_layer`` (re-materialize each layer
+    on its own: a micro-batch keeps every layer's input and its backward rebuilds one layer
+    at a time, so it holds one layer's activations, not the stage's); one mode for every stage, or one per model
     stage (``num_stages * stages_per_rank`` entries, e.g. ``("always", "selective",
     "never")``, or the same comma-separated). Asynchronous schedules take one of
     ``always`` and ``never``."""

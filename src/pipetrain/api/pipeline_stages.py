@@ -101,7 +101,8 @@ def build_stages(
     """The compute of this rank's model stages, each running its layers seeded one by one
     (each compiled in place with ``torch.compile`` when ``compile``; a stage whose mode in
     ``modes`` is ``selective`` keeps only its matrix products' outputs for backward, see
-    :mod:`pipetrain.runtime.selective`; one with a budget in ``offload`` moves what its
+    :mod:`pipetrain.runtime.selective`, and one in ``per_layer`` re-materializes each layer
+    on its own; one with a budget in ``offload`` moves what its
     forwards save beyond that many bytes to host memory, :mod:`pipetrain.runtime.offload`).
 
     Example:
@@ -134,6 +135,7 @@ def build_stages(
             fuse_weight_gradients=fuse_weight_gradients,
             autocast=autocast,
             selective=modes is not None and modes[j] == "selective",
+            per_layer=modes is not None and modes[j] == "per_layer",
         )
         budget = offload[j] if offload is not None else None
         if budget is not None:

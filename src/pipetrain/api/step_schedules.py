@@ -116,7 +116,8 @@ class StepSchedules:
                      rank: int) -> dict[int, frozenset[int]]:
         """Per stage of rank ``rank``, the micro-batches it re-materializes (``modes``: one
         per model stage): all of its own (``always``), all but its last (``except_last``:
-        the last one's backward comes first), or none (``never``, ``selective``)."""
+        the last one's backward comes first), or none (``never``, ``selective``,
+        ``per_layer``)."""
         mine: dict[int, list[int]] = {}
         for a in self.actions(name, num_microbatches, rank=rank):
             if a.op is Op.FORWARD and a.microbatch is not None:

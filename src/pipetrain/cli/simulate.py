@@ -108,13 +108,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--activations", metavar="SAVED[:INPUT]",
         help="bytes one layer saves for its backward per micro-batch (and a stage's input "
-             "per micro-batch, default 0): the peak activation bytes of every rank and stage "
+             "per micro-batch, default 0; a layer's input under per_layer): the peak activation bytes of every rank and stage "
              "are reported, under --checkpoint and --offload; e.g. --activations 6.4e7:4e6",
     )
     parser.add_argument(
         "--checkpoint", default="never", metavar="MODE[,MODE...]",
-        help="with --activations: each stage's mode (never, except_last, always; one for all "
-             "or one per stage); default never",
+        help="with --activations: each stage's mode (never, except_last, always, per_layer; "
+             "one for all or one per stage); default never",
     )
     parser.add_argument(
         "--offload", default=None, metavar="BYTES[,BYTES...]",
@@ -338,9 +338,10 @@ def _memory(schedule: Schedule, stage_layers: tuple[int, ...],
     modes = stage_modes(args.checkpoint, count)
     if "selective" in modes:
         raise ValueError("--checkpoint selective: the simulator has no figure for what a "
-                         "selective stage keeps; fix: never, except_last or always")
+                         "selective stage keeps; fix: never, except_last, always or per_layer")
     offload = stage_budgets(offload_budgets(args.offload), count, unit=1)
-    stages = [StageBytes(saved=per_layer * n, input=per_input) for n in stage_layers]
+    stages = [StageBytes(saved=per_layer * n, input=per_input, layer_inputs=per_input * n,
+                         layer_saved=per_layer) for n in stage_layers]
     return activation_peaks(schedule, stages, modes=modes, offload=offload)
 
 

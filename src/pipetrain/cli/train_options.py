@@ -200,7 +200,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add(layout, "--checkpoint", default="never", metavar="MODE[,MODE...]",
         help="what each stage does with its activations (default never): always, "
              "except_last or never (re-materialize all, all but the last, none of its "
-             "micro-batches) or selective (keep matrix products, recompute the rest); one "
+             "micro-batches), selective (keep matrix products, recompute the rest) or "
+             "per_layer (keep each layer's input, rebuild one layer at a time); one "
              "mode for all stages or one per model stage, e.g. always,selective,never,never")
     add(layout, "--offload", default=None, metavar="MIB[,MIB...]",
         help="MiB of saved activations each stage keeps on its device, the rest moved to "

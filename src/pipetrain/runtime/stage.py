@@ -38,11 +38,12 @@ from pipetrain.backward.split import WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import describe_value, iter_tensors, map_tensors
 from pipetrain.runtime.offload import ActivationOffload
+from pipetrain.runtime.per_layer import backward_by_layer
 from pipetrain.runtime.precision import stage_autocast
 from pipetrain.runtime.rng import LayerHook, RandomStreams, seeding_hooks
 from pipetrain.runtime.selective import selective_call
 from pipetrain.runtime.shared_recompute import RecomputeSharing
-from pipetrain.skip import SkipKey, SkipTracker, run_with_skips, use_skip_tracker
+from pipetrain.skip import SkipKey, Skippable, SkipTracker, run_with_skips, use_skip_tracker
 
 __all__ = ["LOSS_NOTE", "LossFn", "StageCompute"]
 
@@ -64,6 +65,8 @@ class _InFlight:
     loss: torch.Tensor | None
     replay: tuple[Any, Any, float | None] | None = None
     """(message, target, loss scale) of a checkpointed micro-batch not yet recomputed"""
+    layer_inputs: tuple[list[Any], Any, float | None] | None = None
+    """(every layer's input, target, loss scale) of a micro-batch of a per-layer stage"""
 
 
 def _announce(tensor: torch.Tensor, differentiable: bool) -> bool:
@@ -107,11 +110,22 @@ class StageCompute:
         autocast: torch.dtype | None = None,
         module_hooks: bool = False,
         selective: bool = False,
+        per_layer: bool = False,
     ) -> None:
         self.module = module
         self.selective = selective
         """Keep only the outputs of matrix products for backward and recompute the rest
         (:mod:`.selective`), in the forwards that are not checkpointed."""
+        self.per_layer = per_layer
+        """Re-materialize each layer on its own (:mod:`.per_layer`): a forward keeps every
+        layer's input and its backward rebuilds one layer at a time, so a micro-batch
+        holds its layers' inputs and a backward one layer's activations."""
+        if per_layer and (skips_in or skips_out or any(
+                isinstance(m, Skippable) for m in module.modules())):
+            raise ValueError(
+                f"checkpoint 'per_layer' on stage {stage_index}, whose layers have skip "
+                "connections (a layer rebuilt alone cannot stash or pop); fix: "
+                "checkpoint='always' for that stage")
         self.module_hooks = module_hooks
         self.stage_index = stage_index
         self.device = device
@@ -122,9 +136,9 @@ class StageCompute:
         self.first_layer = first_layer
         """Global index of the stage's first layer (the key of its random stream)."""
         self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
-        # fusion reads the saved inputs of linear layers, which a selective region hands out
-        # once, to autograd's backward
-        self.fuse = fuse_weight_gradients and not selective
+        # fusion reads the saved inputs of linear layers, which a checkpointed region hands
+        # out once, to autograd's backward
+        self.fuse = fuse_weight_gradients and not (selective or per_layer)
         self.autocast = autocast
         """Autocast dtype of the forward, its recomputation and the loss (see
         :mod:`.precision`); ``None``: none."""
@@ -147,15 +161,25 @@ class StageCompute:
         self._in_backward = 0
 
     # -- forward ----------------------------------------------------------------------
-    def _call(self, microbatch: int, value: Any, skips: dict[SkipKey, Any]) -> Any:
+    def _call(self, microbatch: int, value: Any, skips: dict[SkipKey, Any],
+              keep: list[Any] | None = None) -> Any:
         if self.rng is None:
-            return self._run(value, skips, None)
+            return self._run(value, skips, None, keep)
         with self.rng.scope(stage=self.stage_index, microbatch=microbatch,
                             device=self.device) as enter:
-            return self._run(value, skips, enter)
+            return self._run(value, skips, enter, keep)
 
-    def _run(self, value: Any, skips: dict[SkipKey, Any], enter: LayerHook | None) -> Any:
-        """``(output, skips out)`` of the stage, its layers seeded one by one if ``enter``."""
+    def _run(self, value: Any, skips: dict[SkipKey, Any], enter: LayerHook | None,
+             keep: list[Any] | None = None) -> Any:
+        """``(output, skips out)`` of the stage, its layers seeded one by one if ``enter``,
+        each layer's input appended to ``keep`` if given."""
+        if keep is not None:
+            for index, layer in enumerate(self.layers, start=self.first_layer):
+                keep.append(value)
+                if enter is not None:
+                    enter(index)
+                value = layer(value)
+            return value, {}
         if enter is None:
             if not self.skips_in and not self.skips_out:
                 return self.module(value), {}
@@ -177,7 +201,8 @@ class StageCompute:
         return tensor.to(self.device, non_blocking=True)
 
     def _compute(
-        self, microbatch: int, message: Any, target: Any, loss_scale: float | None
+        self, microbatch: int, message: Any, target: Any, loss_scale: float | None,
+        keep: list[Any] | None = None,
     ) -> tuple[Any, torch.Tensor | None]:
         if self.skips_in:
             value, skip_list = message
@@ -185,7 +210,7 @@ class StageCompute:
         else:
             value, skips = message, {}
         with stage_autocast(self.device, self.autocast):
-            output, skips_out = self._call(microbatch, value, skips)
+            output, skips_out = self._call(microbatch, value, skips, keep)
             if self.skips_out:
                 output = (output, [skips_out[key] for key in self.skips_out])
             loss = None
@@ -235,7 +260,7 @@ class StageCompute:
             target = map_tensors(self._to_device, target)
         if not torch.is_grad_enabled():
             return self._compute(microbatch, message, target, loss_scale)
-        if not checkpointed:
+        if not checkpointed and not self.per_layer:
             with (self.offload.saving(microbatch) if self.offload is not None
                   else contextlib.nullcontext()):
                 if self.selective:
@@ -248,8 +273,9 @@ class StageCompute:
             ]
             self._in_flight[microbatch] = _InFlight(leaves, roots, loss)
             return output, loss
+        kept: list[Any] | None = [] if self.per_layer else None
         with torch.no_grad(), enable_checkpointing():
-            output, loss = self._compute(microbatch, message, target, loss_scale)
+            output, loss = self._compute(microbatch, message, target, loss_scale, kept)
         # announce the outputs that will carry a gradient once recomputed
         differentiable = bool(leaves) or bool(self.params)
         output = map_tensors(
@@ -257,9 +283,10 @@ class StageCompute:
             output,
         )
         announced = sum(1 for t in iter_tensors(output) if t.requires_grad)
-        self._in_flight[microbatch] = _InFlight(
-            leaves, [None] * announced, None, replay=(message, target, loss_scale)
-        )
+        replay = (message, target, loss_scale)
+        self._in_flight[microbatch] = (
+            _InFlight(leaves, [], None, layer_inputs=(kept, target, loss_scale))
+            if kept is not None else _InFlight(leaves, [None] * announced, None, replay=replay))
         return output, loss
 
     def recompute(self, microbatch: int) -> None:
@@ -342,7 +369,10 @@ class StageCompute:
         self._in_backward += 1  # before the take: a helper never sees one graph too few
         try:
             state = self._take(microbatch)
-            yield (state, *self._targets(state, grads))
+            if state.layer_inputs is not None:
+                yield state, [], []  # its layers start their own backward
+            else:
+                yield (state, *self._targets(state, grads))
         finally:
             self._in_backward -= 1
             if self.sharing is not None:
@@ -357,6 +387,9 @@ class StageCompute:
             if self.before_backward is not None:
                 self.before_backward(self.stage_index, microbatch)
             try:
+                if state.layer_inputs is not None:
+                    self._backward_by_layer(microbatch, state, grads)
+                    return [leaf.grad for leaf in state.inputs]
                 if not tensors:
                     return [None] * len(state.inputs)
                 if self.fuse and self.autocast is None:  # autocast's casts leave nothing to fuse
@@ -368,13 +401,39 @@ class StageCompute:
                 if self.offload is not None:
                     self.offload.release(microbatch)
 
+    def _backward_by_layer(self, microbatch: int, state: _InFlight,
+                           grads: Sequence[torch.Tensor | None] | None) -> None:
+        """The backward of a micro-batch of a per-layer stage (:mod:`.per_layer`)."""
+        assert state.layer_inputs is not None
+        inputs, target, loss_scale = state.layer_inputs
+        differentiable = bool(state.inputs) or bool(self.params)
+        last = len(self.layers) - 1
+
+        def run_layer(k: int, value: Any) -> tuple[Any, torch.Tensor | None]:
+            with stage_autocast(self.device, self.autocast), (
+                    self.rng.scope(stage=self.stage_index, microbatch=microbatch,
+                                   device=self.device)
+                    if self.rng is not None else contextlib.nullcontext()) as enter:
+                if enter is not None:
+                    enter(self.first_layer + k)
+                output = self.layers[k](value)
+                loss = None
+                if k == last and target is not None and self.loss_fn is not None:
+                    loss = self._loss(output, target)
+                    if loss_scale is not None:
+                        loss = loss * loss_scale
+            return output, loss
+
+        backward_by_layer(inputs, grads, run_layer=run_layer,
+                          announced=lambda t: _announce(t, differentiable))
+
     def backward_input(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
     ) -> list[torch.Tensor | None]:
         """Input-gradient half of the backward; the weight half waits for
-        :meth:`backward_weight`. A :attr:`selective` stage runs its whole backward here
-        (torch's selective checkpoint allows one backward per region) and nothing later."""
-        if self.selective:
+        :meth:`backward_weight`. A :attr:`selective` or :attr:`per_layer` stage runs its whole
+        backward here (torch's checkpoint allows one backward per region) and nothing later."""
+        if self.selective or self.per_layer:
             input_grads = self.backward(microbatch, grads)
             self._weight[microbatch] = WeightGradient()  # nothing owed
             return input_grads

@@ -3,9 +3,11 @@ under each stage's re-materialization mode and offload budget.
 
 A micro-batch of stage ``j`` holds, from its forward ``F`` to the end of its backward
 (``B``, or ``W`` when split): its input and its saved activations (``never``), its saved
-activations as the selective mode keeps them (``selective``), or its input alone when it
-is re-materialized (``always``; ``except_last``: all but the stage's last micro-batch on
-the rank), whose saved activations come back at its first backward action. With an
+activations as the selective mode keeps them (``selective``), the inputs of its layers
+(``per_layer``: its backward then rebuilds one layer at a time, holding the largest
+layer's saved activations while it runs), or its input alone when it is re-materialized
+(``always``; ``except_last``: all but the stage's last micro-batch on the rank), whose
+saved activations come back at its first backward action. With an
 offload budget ``b`` a stage keeps at most ``b`` bytes on its device, plus the
 micro-batch whose backward is running (brought back one action ahead). A rank's peak
 is the most its stages hold together, walking its actions in order, with the temporary
@@ -34,10 +36,11 @@ from pipetrain.schedule.program import Schedule
 __all__ = ["STAGE_CHECKPOINT_MODES", "ActivationPeaks", "StageBytes", "activation_peaks",
            "offload_budgets", "stage_budgets", "stage_modes"]
 
-STAGE_CHECKPOINT_MODES = ("always", "except_last", "never", "selective")
+STAGE_CHECKPOINT_MODES = ("always", "except_last", "never", "selective", "per_layer")
 """What a pipeline stage may do with its activations: re-materialize all, all but the last,
-or none of its micro-batches, or keep only its matrix products' outputs and recompute the
-rest (``selective``, :mod:`pipetrain.runtime.selective`)."""
+or none of its micro-batches, keep only its matrix products' outputs and recompute the
+rest (``selective``, :mod:`pipetrain.runtime.selective`), or re-materialize each layer on
+its own, keeping every layer's input (``per_layer``)."""
 
 
 def stage_modes(checkpoint: str | Sequence[str], num_stages: int) -> tuple[str, ...]:
@@ -52,7 +55,7 @@ def stage_modes(checkpoint: str | Sequence[str], num_stages: int) -> tuple[str, 
         >>> stage_modes(["never", "sometimes"], 2)
         Traceback (most recent call last):
         ...
-        ValueError: checkpoint ['never', 'sometimes']: stage 1's mode 'sometimes' is not one of always, except_last, never, selective; fix: e.g. checkpoint=('always', 'never')
+        ValueError: checkpoint ['never', 'sometimes']: stage 1's mode 'sometimes' is not one of always, except_last, never, selective, per_layer; fix: e.g. checkpoint=('always', 'never')
 
     Raises:
         ValueError: an unknown mode, or not one mode per stage.
@@ -141,6 +144,8 @@ class StageBytes:
     Example:
         >>> StageBytes(saved=10.0, input=1.0, selective=4.0).kept("selective")
         5.0
+        >>> StageBytes(saved=10.0, input=1.0, layer_inputs=3.0).kept("per_layer")
+        3.0
     """
 
     saved: float
@@ -149,6 +154,12 @@ class StageBytes:
     """Its input (all a re-materialized micro-batch keeps)."""
     selective: float | None = None
     """Its saved activations under ``selective`` (None: as :attr:`saved`)."""
+    layer_inputs: float | None = None
+    """The inputs of all its layers, its own included (``per_layer``; None: as
+    :attr:`input`, one layer)."""
+    layer_saved: float | None = None
+    """The largest of its layers' saved activations, rebuilt by a ``per_layer`` backward
+    (None: as :attr:`saved`)."""
     workspace: float = 0.0
     """What its whole backward (``B``) needs above that while it runs (temporaries)."""
     input_workspace: float | None = None
@@ -173,7 +184,21 @@ class StageBytes:
         is not re-materialized)."""
         if mode == "selective" and self.selective is not None:
             return self.selective + self.input
+        if mode == "per_layer":
+            return self.input if self.layer_inputs is None else self.layer_inputs
         return self.saved + self.input
+
+    def rebuilt(self, mode: str, op: Op) -> float:
+        """Bytes a ``per_layer`` backward rebuilds while ``op`` runs (its largest layer's
+        saved activations at the first backward action; 0 otherwise).
+
+        Example:
+            >>> StageBytes(saved=10.0, layer_saved=4.0).rebuilt("per_layer", Op.BACKWARD)
+            4.0
+        """
+        if mode != "per_layer" or op not in _FIRST_BACKWARD:
+            return 0.0
+        return self.saved if self.layer_saved is None else self.layer_saved
 
 
 @dataclass(frozen=True)
@@ -242,7 +267,8 @@ def activation_peaks(
                 running[j] = whole
             resident = {s: _resident(h, budgets[s], running.get(s, 0.0))
                         for s, h in held.items()}
-            resident[j] = resident.get(j, 0.0) + stages[j].transient(a.op)
+            resident[j] = (resident.get(j, 0.0) + stages[j].transient(a.op)
+                           + stages[j].rebuilt(modes[j], a.op))
             for s, value in resident.items():
                 stage_peak[s] = max(stage_peak[s], value)
             peak = max(peak, sum(resident.values()))
