@@ -37,11 +37,12 @@ CONFIGS: list[dict[str, Any]] = [
         {"schedule": "gpipe", "num_microbatches": 2},
         {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "num_microbatches": 2},
         {"schedule": "looped-bfs", "stages_per_rank": 2, "num_microbatches": 2},
-        {"schedule": "1f1b", "num_microbatches": 3, "checkpoint": "always"},
+        {"schedule": "1f1b", "num_microbatches": 3, "checkpoint": ("always", "per_layer")},
         {"schedule": "gpipe", "num_microbatches": 2, "checkpoint": "except_last",
          "reshard_after_forward": True},
         {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "num_microbatches": 2,
-         "reshard_after_forward": True, "reduce_each_microbatch": True},
+         "reshard_after_forward": True, "reduce_each_microbatch": True,
+         "checkpoint": "per_layer"},
     )
 ]
 

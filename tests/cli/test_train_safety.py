@@ -236,6 +236,8 @@ def test_ctrl_c_saves_at_the_next_step_and_ends_in_one_line(tmp_path: Path) -> N
         (["--checkpoint", "always,never,never"], ["3 modes for 2 stages"]),
         (["--offload", "-1"], ["--offload -1.0: stage 0's budget -1.0 is not a number of MiB >= 0",
                                "fix: e.g. --offload 0"]),
+        (["--checkpoint", "per_layer", "--offload", "0"],
+         ["--offload 0.0 with checkpoint 'per_layer' on stage 0", "fix: no budget for that stage"]),
         (["--schedule", "pipedream", "--offload", "0"],
          ["--offload 0.0 is not available with asynchronous schedules"]),
     ],

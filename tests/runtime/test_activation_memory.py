@@ -118,3 +118,22 @@ def test_offload_keeps_its_budget_and_prefetches_before_the_backward() -> None:
     assert stage.offload.resident_bytes == 0
     for p, e in zip(stage.params, expected[1:]):
         assert torch.allclose(p.grad, 2 * e, atol=1e-5)
+
+
+def test_per_layer_refuses_a_stage_with_skip_connections() -> None:
+    from pipetrain.skip import pop, skippable, stash
+
+    @skippable(stash=["s"])
+    class Save(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> object:
+            yield stash("s", x)
+            return x
+
+    @skippable(pop=["s"])
+    class Add(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> object:
+            return x + (yield pop("s"))
+
+    with pytest.raises(ValueError, match=r"checkpoint 'per_layer' on stage 1, whose layers "
+                                         r"have skip connections.*fix: checkpoint='always'"):
+        _stage("per_layer", torch.nn.Sequential(Save(), Add()))

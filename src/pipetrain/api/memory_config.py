@@ -58,8 +58,8 @@ def memory_problems(v: Mapping[str, Any], name: str,
     if layered:
         found.append(f"{say('offload', offload)} with checkpoint 'per_layer' on stage "
                      f"{layered[0]}: a per-layer stage keeps only its layers' inputs, which "
-                     f"are not offloaded; fix: {say('offload', None)} for that stage, or "
-                     f"another checkpoint mode")
+                     f"are not offloaded; fix: no budget for that stage (none), or another "
+                     f"checkpoint mode")
     if name in ASYNC_SCHEDULES:
         if modes and (not isinstance(checkpoint, str) or len(set(modes)) > 1
                       or modes[0] in ("selective", "per_layer")):

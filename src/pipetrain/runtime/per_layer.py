@@ -59,7 +59,7 @@ def backward_by_layer(
         >>> torch.allclose(x.grad, y.grad)
         True
     """
-    upstream = None if grads is None else list(grads)
+    upstream: list[torch.Tensor | None] | None = None if grads is None else list(grads)
     last = len(inputs) - 1
     for k in range(last, -1, -1):
         value = inputs.pop()
@@ -67,6 +67,7 @@ def backward_by_layer(
             value = map_tensors(_leaf, value)
         with torch.enable_grad():
             output, loss = run_layer(k, value)
+        root_grads: list[torch.Tensor | None]
         if k == last and loss is not None:
             roots, root_grads = [loss], [None]
         else:

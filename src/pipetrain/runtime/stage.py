@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,43 +35,18 @@ from pipetrain.backward.gradient_pool import GradientPool
 from pipetrain.backward.roots import Root, backward_root, start_points
 from pipetrain.backward.split import WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
-from pipetrain.nested import describe_value, iter_tensors, map_tensors
+from pipetrain.nested import iter_tensors, map_tensors
+from pipetrain.runtime.in_flight import InFlight, announce
 from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.per_layer import backward_by_layer
 from pipetrain.runtime.precision import stage_autocast
 from pipetrain.runtime.rng import LayerHook, RandomStreams, seeding_hooks
 from pipetrain.runtime.selective import selective_call
 from pipetrain.runtime.shared_recompute import RecomputeSharing
+from pipetrain.runtime.stage_loss import LOSS_NOTE, LossFn, stage_loss
 from pipetrain.skip import SkipKey, Skippable, SkipTracker, run_with_skips, use_skip_tracker
 
 __all__ = ["LOSS_NOTE", "LossFn", "StageCompute"]
-
-LOSS_NOTE = "pipetrain: raised by loss_fn"
-"""How the note on an error of ``loss_fn`` starts."""
-
-LossFn = Callable[[Any, Any], torch.Tensor]
-"""``loss_fn(output, target) -> scalar``: the mean loss of one micro-batch."""
-
-
-@dataclass
-class _InFlight:
-    inputs: list[torch.Tensor]
-    """received leaves that require grad, in message order"""
-    outputs: list[Root | None]
-    """per output tensor announced as needing a gradient (message order): where its
-    backward starts (its gradient edge: the graph, not the output's data), ``None`` if it
-    turned out to need none; until a checkpointed micro-batch is rebuilt, all ``None``"""
-    loss: torch.Tensor | None
-    replay: tuple[Any, Any, float | None] | None = None
-    """(message, target, loss scale) of a checkpointed micro-batch not yet recomputed"""
-    layer_inputs: tuple[list[Any], Any, float | None] | None = None
-    """(every layer's input, target, loss scale) of a micro-batch of a per-layer stage"""
-
-
-def _announce(tensor: torch.Tensor, differentiable: bool) -> bool:
-    """Whether a checkpointed output is announced as needing a gradient."""
-    return differentiable and (tensor.is_floating_point() or tensor.is_complex())
-
 
 class StageCompute:
     """Runs one stage's layers on micro-batches: forward, backward, split backward.
@@ -156,7 +130,7 @@ class StageCompute:
         """Called with ``(stage_index, micro-batch key)`` before each full backward (set by
         a pipeline whose data parallelism is FSDP2: its per-backward switches, see
         :mod:`pipetrain.api.fsdp`)."""
-        self._in_flight: dict[int, _InFlight] = {}
+        self._in_flight: dict[int, InFlight] = {}
         self._weight: dict[int, WeightGradient] = {}
         self._in_backward = 0
 
@@ -215,28 +189,9 @@ class StageCompute:
                 output = (output, [skips_out[key] for key in self.skips_out])
             loss = None
             if target is not None and self.loss_fn is not None:
-                loss = self._loss(output, target)
-                if loss_scale is not None:
-                    loss = loss * loss_scale
+                loss = stage_loss(self.loss_fn, output, target, stage_index=self.stage_index,
+                                  scale=loss_scale)
         return output, loss
-
-    def _loss(self, output: Any, target: Any) -> torch.Tensor:
-        """``loss_fn(output, target)``; a failure is told as the last stage's, not its input's."""
-        where = (f"{LOSS_NOTE} on the output of the last stage ({self.stage_index}): "
-                 f"{describe_value(output)}, with target {describe_value(target)}")
-        try:
-            loss = self.loss_fn(output, target)  # type: ignore[misc]
-        except Exception as error:
-            error.add_note(f"{where}; the model's last layer must return what loss_fn(output, "
-                           "target) takes (e.g. a tensor of logits), or loss_fn must unpack it")
-            raise
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            got = describe_value(loss) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise TypeError(
-                f"loss_fn returned {got}, not a scalar tensor ({where}); fix: loss_fn must return "
-                "the mean loss of the micro-batch, e.g. torch.nn.functional.cross_entropy(...)"
-            )
-        return loss
 
     def forward(
         self,
@@ -271,7 +226,7 @@ class StageCompute:
             roots: list[Root | None] = [
                 backward_root(t) for t in iter_tensors(output) if t.requires_grad
             ]
-            self._in_flight[microbatch] = _InFlight(leaves, roots, loss)
+            self._in_flight[microbatch] = InFlight(leaves, roots, loss)
             return output, loss
         kept: list[Any] | None = [] if self.per_layer else None
         with torch.no_grad(), enable_checkpointing():
@@ -279,14 +234,14 @@ class StageCompute:
         # announce the outputs that will carry a gradient once recomputed
         differentiable = bool(leaves) or bool(self.params)
         output = map_tensors(
-            lambda t: t.detach().requires_grad_(True) if _announce(t, differentiable) else t,
+            lambda t: t.detach().requires_grad_(True) if announce(t, differentiable) else t,
             output,
         )
         announced = sum(1 for t in iter_tensors(output) if t.requires_grad)
         replay = (message, target, loss_scale)
         self._in_flight[microbatch] = (
-            _InFlight(leaves, [], None, layer_inputs=(kept, target, loss_scale))
-            if kept is not None else _InFlight(leaves, [None] * announced, None, replay=replay))
+            InFlight(leaves, [], None, layer_inputs=(kept, target, loss_scale))
+            if kept is not None else InFlight(leaves, [None] * announced, None, replay=replay))
         return output, loss
 
     def recompute(self, microbatch: int) -> None:
@@ -327,13 +282,13 @@ class StageCompute:
         # the positions announced at forward time; one that turns out to need no
         # gradient (nothing trainable behind it) is skipped in backward
         state.outputs = [backward_root(t) if t.requires_grad else None
-                         for t in iter_tensors(output) if _announce(t, differentiable)]
+                         for t in iter_tensors(output) if announce(t, differentiable)]
         state.loss = loss
         state.replay = None
 
     # -- backward ---------------------------------------------------------------------
     def _targets(
-        self, state: _InFlight, grads: Sequence[torch.Tensor | None] | None
+        self, state: InFlight, grads: Sequence[torch.Tensor | None] | None
     ) -> tuple[list[Root], list[torch.Tensor | None]]:
         if state.loss is not None:
             return [state.loss], [None]
@@ -349,7 +304,7 @@ class StageCompute:
         pairs = [(t, g) for t, g in zip(state.outputs, grads) if g is not None and t is not None]
         return [t for t, _ in pairs], [g for _, g in pairs]
 
-    def _take(self, microbatch: int) -> _InFlight:
+    def _take(self, microbatch: int) -> InFlight:
         try:
             return self._in_flight.pop(microbatch)
         except KeyError:
@@ -362,7 +317,7 @@ class StageCompute:
     @contextlib.contextmanager
     def _backward_of(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
-    ) -> Iterator[tuple[_InFlight, list[Root], list[torch.Tensor | None]]]:
+    ) -> Iterator[tuple[InFlight, list[Root], list[torch.Tensor | None]]]:
         """The state of ``microbatch`` (rebuilt if checkpointed) and its backward targets,
         counted in :meth:`graphs_held` until the block ends."""
         self.recompute(microbatch)
@@ -401,7 +356,7 @@ class StageCompute:
                 if self.offload is not None:
                     self.offload.release(microbatch)
 
-    def _backward_by_layer(self, microbatch: int, state: _InFlight,
+    def _backward_by_layer(self, microbatch: int, state: InFlight,
                            grads: Sequence[torch.Tensor | None] | None) -> None:
         """The backward of a micro-batch of a per-layer stage (:mod:`.per_layer`)."""
         assert state.layer_inputs is not None
@@ -419,13 +374,12 @@ class StageCompute:
                 output = self.layers[k](value)
                 loss = None
                 if k == last and target is not None and self.loss_fn is not None:
-                    loss = self._loss(output, target)
-                    if loss_scale is not None:
-                        loss = loss * loss_scale
+                    loss = stage_loss(self.loss_fn, output, target,
+                                      stage_index=self.stage_index, scale=loss_scale)
             return output, loss
 
         backward_by_layer(inputs, grads, run_layer=run_layer,
-                          announced=lambda t: _announce(t, differentiable))
+                          announced=lambda t: announce(t, differentiable))
 
     def backward_input(
         self, microbatch: int, grads: Sequence[torch.Tensor | None] | None
