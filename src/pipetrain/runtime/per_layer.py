@@ -23,7 +23,36 @@ import torch
 from pipetrain.backward.roots import start_points
 from pipetrain.nested import iter_tensors, map_tensors
 
-__all__ = ["backward_by_layer"]
+__all__ = ["backward_by_layer", "packed"]
+
+
+def packed(inputs: list[Any]) -> list[Any]:
+    """``inputs`` (a stage's layers' inputs) with all but the first copied into one buffer,
+    as views of it, when they are tensors of one dtype and device: one allocation per
+    micro-batch instead of one per layer (small tensors kept among a forward's freed
+    temporaries otherwise pin the allocator's pages between them: on the CPU a stage of 25
+    GPT blocks kept 1.7x its inputs' bytes). The first is the stage's input, kept as it is.
+
+    Example:
+        >>> kept = packed([torch.ones(2), torch.zeros(2, 2), torch.full((3,), 2.0)])
+        >>> [tuple(t.shape) for t in kept], kept[2].tolist()
+        ([(2,), (2, 2), (3,)], [2.0, 2.0, 2.0])
+        >>> kept[1].untyped_storage().data_ptr() == kept[2].untyped_storage().data_ptr()
+        True
+    """
+    rest = inputs[1:]
+    if len(rest) < 2 or not all(isinstance(t, torch.Tensor) for t in rest) \
+            or len({(t.dtype, t.device) for t in rest}) != 1:
+        return inputs
+    buffer = torch.empty(sum(t.numel() for t in rest), dtype=rest[0].dtype,
+                         device=rest[0].device)
+    views, at = [], 0
+    for tensor in rest:
+        view = buffer[at:at + tensor.numel()].view(tensor.shape)
+        view.copy_(tensor)
+        views.append(view)
+        at += tensor.numel()
+    return [inputs[0], *views]
 
 
 def _leaf(tensor: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
 from pipetrain.runtime.in_flight import InFlight, announce
 from pipetrain.runtime.offload import ActivationOffload
-from pipetrain.runtime.per_layer import backward_by_layer
+from pipetrain.runtime.per_layer import backward_by_layer, packed
 from pipetrain.runtime.precision import stage_autocast
 from pipetrain.runtime.rng import LayerHook, RandomStreams, seeding_hooks
 from pipetrain.runtime.selective import selective_call
@@ -231,6 +231,7 @@ class StageCompute:
         kept: list[Any] | None = [] if self.per_layer else None
         with torch.no_grad(), enable_checkpointing():
             output, loss = self._compute(microbatch, message, target, loss_scale, kept)
+            kept = None if kept is None else packed(kept)
         # announce the outputs that will carry a gradient once recomputed
         differentiable = bool(leaves) or bool(self.params)
         output = map_tensors(
