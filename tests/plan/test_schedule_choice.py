@@ -423,3 +423,27 @@ def test_a_straight_plan_never_shards_a_stage_over_workers() -> None:
     straight = make_plan(profile, dataclasses.replace(config, straight=True))
     assert [s.replicas for s in straight.stages] == [1, 1]
     assert straight.data_parallel == "replicate" and straight.time_per_step == pytest.approx(6.5)
+
+
+def test_per_stage_takes_per_layer_where_only_it_fits() -> None:
+    """Re-materializing layer by layer keeps each layer's (small) input and rebuilds one
+    layer's saved activations at a time: under a cap between its peak and ``always``'s,
+    the default search (``per-stage``) resolves stages to ``per_layer``, and no plan with
+    the three stage-wide modes fits."""
+    profile = _deep_profile()
+    config = PlannerConfig(topology=Topology.flat(2, 1e12), straight=True, num_microbatches=(4,),
+                           schedules=("1f1b",))
+
+    def peak(modes: tuple[str, ...]) -> float:
+        return _peak(plan_pipetrain(profile, dataclasses.replace(config, memory_limit=1e12,
+                                                                 checkpoints=modes)))
+
+    layered, always = peak(("per_layer",)), peak(("always",))
+    assert layered < 0.5 * always
+    capped = dataclasses.replace(config, memory_limit=(layered + always) / 2)
+    plan = plan_pipetrain(profile, capped)
+    assert "per_layer" in plan.checkpoint.split(","), plan.checkpoint
+    assert _peak(plan) <= capped.memory_limit
+    with pytest.raises(ValueError, match="needs at least 4 stages"):  # 2 workers: none fits
+        make_plan(profile, dataclasses.replace(capped, checkpoints=("never", "except_last",
+                                                                     "always")))

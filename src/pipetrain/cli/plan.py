@@ -97,8 +97,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         nargs="+",
         metavar="MODE",
         help="pipetrain cost model: checkpoint modes to choose from (never, except_last, "
-             "always, per-stage: each stage the fastest mode that fits; default: never, and "
-             "all four under --memory)",
+             "always, per_layer, per-stage: each stage the fastest mode that fits; default: "
+             "never, and under --memory all but per_layer, which per-stage may choose)",
     )
     parser.add_argument(
         "--fsdp-policies",

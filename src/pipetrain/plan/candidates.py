@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pipetrain.plan.costs import CostModel, LevelContext
 from pipetrain.plan.costs_pipetrain import (
     FSDP_POLICIES,
-    PLANNED_CHECKPOINTS,
+    SEARCHED_CHECKPOINTS,
     UNRUNNABLE_TIME,
     Candidate,
     PipetrainCostModel,
@@ -310,7 +310,7 @@ def searches(profile: Profile, config: PlannerConfig, *,
     workers = config.topology.num_workers
     level = LevelContext(bandwidth=config.topology.levels[0].bandwidth)
     modes = config.checkpoints or (("never",) if config.memory_limit is None
-                                   else PLANNED_CHECKPOINTS)
+                                   else SEARCHED_CHECKPOINTS)
     found = []
     for n in step_microbatch_counts(profile, config):
         graph = CutGraph(microbatch_profile(profile, n), max_cuts=config.max_cuts)

@@ -129,6 +129,9 @@ class StageLoad:
     measured)."""
     input_workspace_bytes: float = 0.0
     """Likewise for the input-gradient pass of a split backward."""
+    layer_saved_bytes: float = 0.0
+    """The largest node's saved activations, what a ``per_layer`` backward rebuilds at once
+    (0: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -165,6 +168,7 @@ class StageRow:
     optimizer_step_s: Sequence[float] = ()
     workspace_bytes: Sequence[float] = ()
     input_workspace_bytes: Sequence[float] = ()
+    layer_saved_bytes: Sequence[float] = ()
     cache: dict[object, object] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -190,6 +194,7 @@ class StageRow:
             workspace_bytes=self.workspace_bytes[k] if self.workspace_bytes else 0.0,
             input_workspace_bytes=(self.input_workspace_bytes[k] if self.input_workspace_bytes
                                    else 0.0),
+            layer_saved_bytes=self.layer_saved_bytes[k] if self.layer_saved_bytes else 0.0,
         )
 
     @staticmethod
@@ -217,6 +222,7 @@ class StageRow:
             optimizer_step_s=[x.optimizer_step_s for x in loads],
             workspace_bytes=[x.workspace_bytes for x in loads],
             input_workspace_bytes=[x.input_workspace_bytes for x in loads],
+            layer_saved_bytes=[x.layer_saved_bytes for x in loads],
         )
 
 

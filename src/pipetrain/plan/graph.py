@@ -46,9 +46,10 @@ _SUMS = (
 )
 
 
-_MAXES = ("workspace_bytes", "input_workspace_bytes")
+_MAXES = ("workspace_bytes", "input_workspace_bytes", "layer_saved_bytes")
 """What a stage takes the largest of over its nodes: the temporary memory of a backward,
-which runs one node at a time."""
+which runs one node at a time, and the saved activations of a node (what a ``per_layer``
+backward rebuilds at once)."""
 
 
 def _values(layer: LayerProfile) -> list[float]:
@@ -120,6 +121,7 @@ class CutGraph:
             ("workspace_bytes", [float(x.backward_workspace_bytes or 0) for x in layers]),
             ("input_workspace_bytes", [float(x.backward_input_workspace_bytes or 0)
                                        for x in layers]),
+            ("layer_saved_bytes", [float(x.saved_bytes) for x in layers]),
         )}
         """Per node, each of :data:`_MAXES` (an empty list where no node has one)."""
         self._largest_first = {name: sorted(range(len(values)), key=lambda v: -values[v])
@@ -271,6 +273,7 @@ class CutGraph:
             optimizer_step_s=self.stage_sum("optimizer_step_s", a, b),
             workspace_bytes=self.stage_max("workspace_bytes", a, b),
             input_workspace_bytes=self.stage_max("input_workspace_bytes", a, b),
+            layer_saved_bytes=self.stage_max("layer_saved_bytes", a, b),
         )
 
     def contains(self, a: int, b: int) -> bool:

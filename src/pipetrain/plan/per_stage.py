@@ -64,7 +64,7 @@ def resolve_stage_modes(loads: Sequence[StageLoad], replicas: Sequence[int],
         return candidate
     after, modes = sum(replicas), []
     for load, r in zip(loads, replicas):
-        for mode in CHECKPOINT_MODES:  # fastest first: never, except_last, always
+        for mode in CHECKPOINT_MODES:  # fastest first: never, except_last, always, per_layer
             model = PipetrainCostModel(dataclasses.replace(candidate, checkpoint=mode),
                                        num_workers=num_workers)
             if memory_limit is None or model.stage_memory(

@@ -74,7 +74,7 @@ class PlannerConfig:
     checkpoints: tuple[str, ...] | None = None
     """Checkpoint modes to choose from (None: ``never``, and under a memory limit also
     ``except_last``, ``always`` and ``per-stage``: each stage its own fastest fitting
-    mode, :mod:`pipetrain.plan.per_stage`)."""
+    mode, ``per_layer`` included, :mod:`pipetrain.plan.per_stage`)."""
     fsdp_policies: tuple[str, ...] = ("gathered",)
     """Where FSDP plans (under a memory limit) gather and reduce, to choose from: names of
     :data:`~pipetrain.plan.costs_pipetrain.FSDP_POLICIES` (``gathered``: parameters

@@ -121,6 +121,7 @@ class FlatSearch:
             optimizer_step_s=column("optimizer_step_s"),
             workspace_bytes=g.max_column("workspace_bytes", a, ends),
             input_workspace_bytes=g.max_column("input_workspace_bytes", a, ends),
+            layer_saved_bytes=g.max_column("layer_saved_bytes", a, ends),
         )
 
     def load(self, a: int, b: int) -> StageLoad:
