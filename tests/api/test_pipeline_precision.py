@@ -35,6 +35,7 @@ LAYOUT = {"num_stages": 2, "stage_replicas": (1, 2), "num_microbatches": 4}
 CONFIGS = [
     {**LAYOUT, "schedule": "1f1b", "mixed_precision": "bf16"},
     {**LAYOUT, "schedule": "gpipe", "checkpoint": "always", "mixed_precision": "bf16"},
+    {**LAYOUT, "schedule": "gpipe", "checkpoint": "per_layer", "mixed_precision": "bf16"},
     {**LAYOUT, "schedule": "1f1b", "checkpoint": "except_last", "mixed_precision": "fp16"},
     {**LAYOUT, "schedule": "1f1b", "mixed_precision": "fp16", "poison": True},
 ]
@@ -67,7 +68,7 @@ def test_mixed_precision_matches_single_process_and_overflows_skip_everywhere() 
             # no rank applied the skipped update, though only rank 2's gradient overflowed
             assert got["changed"] == [not s for s in skipped], (config, rank)
         assert _update_difference(merged, expected) <= TOLERANCE, config
-    scales = outcome[0][3]["scales"]
+    scales = outcome[0][next(i for i, c in enumerate(CONFIGS) if c.get("poison"))]["scales"]
     assert scales[POISONED_STEP] == scales[POISONED_STEP - 1] / 2  # the overflow backed off
 
 

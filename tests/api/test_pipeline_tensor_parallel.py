@@ -76,7 +76,7 @@ def test_the_gpt_plan_at_2_1_2_trains_as_one_process() -> None:
     configs = [{"num_stages": 2, "tensor_parallel": 2, "num_microbatches": 2, **c} for c in (
         {"schedule": "1f1b"},
         {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "checkpoint": "except_last"},
-        {"schedule": "zb-h1"},
+        {"schedule": "zb-h1", "checkpoint": "per_layer"},
         {"schedule": "zb-h2", "num_microbatches": 3},
         {"schedule": "zb-v", "stages_per_rank": 2},
         {"schedule": "dualpipe-v", "stages_per_rank": 2, "num_microbatches": 4},
