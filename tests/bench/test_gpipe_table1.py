@@ -105,10 +105,13 @@ def test_tables_from_given_searches(monkeypatch: pytest.MonkeyPatch, pipe4: int,
     labels = [row[0] for row in sizes.rows]
     assert labels == [r.label for r in gpipe_table1.RUNNERS]
     work = gpipe_table1.SIZES["quick"]["work"]
-    assert sizes.rows[0][3] == f"{work.parameters(4) / 1e6:.4g}M" and sizes.rows[0][4] == "1.00x"
-    assert sizes.rows[1][6] == pytest.approx(1.8)  # MiB per block: the slope of the peaks
-    assert sizes.rows[5][2] == "80" and sizes.rows[5][7] == "5.3B"
-    assert sizes.rows[6][7] == "-"  # K = 4 x FSDP 2: no row of the paper
+    assert sizes.rows[0][4] == f"{work.parameters(4) / 1e6:.4g}M" and sizes.rows[0][5] == "1.00x"
+    assert sizes.rows[1][7] == pytest.approx(1.8)  # MiB per block: the slope of the peaks
+    assert sizes.rows[5][3] == "80" and sizes.rows[5][8] == "5.3B"
+    assert sizes.rows[6][8] == "-"  # K = 4 x FSDP 2: no row of the paper
+    # what each row re-materializes: GPipe's single partition and Pipeline's K = 1 alike,
+    # the K >= 2 rows (FSDP's included, against K = 4) layer by layer
+    assert [row[2] for row in sizes.rows] == ["-", "always", "always"] + ["per_layer"] * 4
     checks = {row[0]: row for row in shape.rows}
     fsdp = checks["K = 4 x FSDP 2 over K = 4, both Pipeline"]
     assert fsdp[1] == f"{work.parameters(72) / work.parameters(pipe4):.2f}x"
@@ -131,7 +134,7 @@ def test_runners_left_out_of_the_quick_run_are_said_so(monkeypatch: pytest.Monke
         result = gpipe_table1.run(BenchContext(quick=True, out=Path(out),
                                                progress=lambda line: None))
     sizes, shape = result.tables
-    assert sizes.rows[4][2:5] == ["not run (full run only)", "-", "-"]
+    assert sizes.rows[4][3:6] == ["not run (full run only)", "-", "-"]
     checks = {row[0]: row for row in shape.rows}
     assert checks["K = 4 over K = 1, both Pipeline"][1:] == [
         "-", ">= 3.5x", "3.82x", "not run (full run only)"]
@@ -171,6 +174,6 @@ def test_the_quick_jobs_leave_the_environment_as_it_was(monkeypatch: pytest.Monk
     found = gpipe_table1._quick_searches(BenchContext(quick=True, out=Path("."),
                                                       progress=lambda line: None), sizes)
     assert "OMP_NUM_THREADS" not in os.environ
-    assert sorted(calls) == [("naive", "gpipe", "pipeline"), ("pipeline",)]
+    assert sorted(calls) == [("naive", "gpipe", "pipeline"), ("pipeline-per-layer",)]
     assert [f["search"]["largest"] for f in found] == [4, 4, 4, 8, 0, 0, 0]
     assert all(f["search"]["stopped"] == "full run only" for f in found[4:])

@@ -1,12 +1,14 @@
 """GPipe Table 1's trials: does a GPT of ``n`` blocks train under a memory cap per worker?
 
 A *runner* trains the GPT of a :class:`Workload` for two steps (forward, backward,
-``AdamW.step``: the second holds the optimizer's state, the steady peak), one of four
+``AdamW.step``: the second holds the optimizer's state, the steady peak), one of five
 ways: ``naive`` (the ``nn.Sequential`` of the layers, every activation kept: the paper's
 Naive-1), ``gpipe`` (``pipetrain.GPipe`` on one partition with ``checkpoint="always"``:
 Pipeline-1), ``pipeline`` (``pipetrain.Pipeline`` over the job's K processes, schedule
-``gpipe``, ``checkpoint="always"``: Pipeline-K) or ``pipeline-fsdp`` (the same over K / 2
-pipeline ranks x 2 FSDP2 replicas, each replica half the micro-batches, with
+``gpipe``, ``checkpoint="always"``: Pipeline-K), ``pipeline-per-layer`` (the same with
+``checkpoint="per_layer"``: a micro-batch keeps its layers' inputs, a backward rebuilds
+one layer at a time) or ``pipeline-fsdp`` (``pipeline-per-layer`` over K / 2 pipeline
+ranks x 2 FSDP2 replicas, each replica half the micro-batches, with
 ``reshard_after_forward`` and ``reduce_each_microbatch``: every parameter, gradient and
 optimizer state a worker keeps sharded). Every worker first trains the same
 runner on a model of K blocks (code pages, allocator arenas and thread pools loaded
@@ -44,7 +46,7 @@ from pipetrain.models import GPTConfig, build_gpt, gpt_layer_factories, gpt_loss
 
 __all__ = ["RUNNER_KINDS", "Workload", "fresh_search", "search_worker", "train", "trial_worker"]
 
-RUNNER_KINDS = ("naive", "gpipe", "pipeline", "pipeline-fsdp")
+RUNNER_KINDS = ("naive", "gpipe", "pipeline", "pipeline-per-layer", "pipeline-fsdp")
 _MIB = float(1 << 20)
 
 
@@ -91,7 +93,7 @@ def train(kind: str, depth: int, work: Workload, context: Any, *, steps: int = 2
     import pipetrain
 
     x, y = work.tensors()
-    if kind in ("pipeline", "pipeline-fsdp"):
+    if kind.startswith("pipeline") and kind in RUNNER_KINDS:
         replicas = 2 if kind == "pipeline-fsdp" else 1
         fsdp = {"data_parallel": "fsdp", "reshard_after_forward": True,
                 "reduce_each_microbatch": True} if replicas > 1 else {}
@@ -101,7 +103,7 @@ def train(kind: str, depth: int, work: Workload, context: Any, *, steps: int = 2
             config=pipetrain.PipelineConfig(
                 schedule="gpipe", num_stages=context.world_size // replicas,
                 replicas=replicas, num_microbatches=work.microbatches // replicas,
-                checkpoint="always", **fsdp),
+                checkpoint="always" if kind == "pipeline" else "per_layer", **fsdp),
             context=context)
         with pipe:
             for _ in range(steps):

@@ -4,7 +4,8 @@ A GPT (embedding, 8 blocks of width 256, head; 4 sequences of 256 tokens per
 micro-batch, AdamW) trains on P = 2 and P = 4 processes (one thread each), M = 4P
 micro-batches per step, under 1F1B, ZB-V, V-Half and V-Min (every stage keeping its
 activations), and under 1F1B with re-materialization on the first half of the stages
-only (one mode per stage) and with selective recomputation on every stage. Each run
+only (one mode per stage), with selective and with per-layer recomputation on every
+stage. Each run
 takes two steps (weights, gradients and optimizer state allocated), then every rank
 measures one step's peak: its resident set's growth above the start of the step
 (:class:`~pipetrain.bench.harness.PeakMemory`, malloc trimmed first). The simulator
@@ -12,7 +13,8 @@ measures one step's peak: its resident set's growth above the start of the step
 micro-batch from the profiler (rank 0 profiles every layer on one micro-batch) and the
 same cut (:func:`~pipetrain.bench.cases._schedules_sim.stage_balance`), and the
 temporary memory of a running backward (the largest of the stage's layers', also
-profiled); selective recomputation has no profiled figure and is measured only.
+profiled); selective recomputation (no profiled figure for what it keeps) and per-layer
+recomputation (the profile here has no layer inputs) are measured only.
 
 Every stage of the V schedules holds half a 1F1B stage's layers, so the V schedules'
 busiest rank compares with 1F1B's directly. ``--quick``: width 64, 64 tokens, P = 2.
@@ -50,12 +52,12 @@ def runs(ranks: int) -> list[Run]:
     """The configurations measured on ``ranks`` processes.
 
     Example:
-        >>> [r.checkpoint for r in runs(2)][-2:]
-        ['always,never', 'selective']
+        >>> [r.checkpoint for r in runs(2)][-3:]
+        ['always,never', 'selective', 'per_layer']
     """
     half = ",".join(["always"] * (ranks // 2) + ["never"] * (ranks - ranks // 2))
     return [Run("1f1b"), Run("zb-v"), Run("v-half"), Run("v-min"), Run("1f1b", half),
-            Run("1f1b", "selective")]
+            Run("1f1b", "selective"), Run("1f1b", "per_layer")]
 
 
 SIZES = {
@@ -112,8 +114,8 @@ def worker(ctx: Any, spec: ModelSpec) -> dict[str, Any]:
 
 
 def simulated_mib(costs: ModelCosts, measured: Run, ranks: int) -> list[float] | None:
-    """Per rank, the simulator's peak activation MiB of a configuration (None: selective,
-    which has no profiled figure).
+    """Per rank, the simulator's peak activation MiB of a configuration (None: selective
+    and per-layer, measured only).
 
     Example:
         >>> costs = ModelCosts.uniform(4, forward=1.0, backward=2.0, activation_bytes=1 << 20)
@@ -128,7 +130,7 @@ def simulated_mib(costs: ModelCosts, measured: Run, ranks: int) -> list[float] |
     )
 
     modes = measured.checkpoint.split(",")
-    if "selective" in modes:
+    if "selective" in modes or "per_layer" in modes:
         return None
     virtual = default_stages_per_rank(measured.schedule)
     balance = stage_balance(costs, ranks * virtual)

@@ -49,8 +49,8 @@ class Runner:
     """A row of the table: how the GPT is trained and on how many worker processes.
 
     Example:
-        >>> [(r.kind, r.workers) for r in RUNNERS][-2:]
-        [('pipeline', 8), ('pipeline-fsdp', 8)]
+        >>> [(r.kind, r.workers, r.checkpoint) for r in RUNNERS][-2:]
+        [('pipeline-per-layer', 8, 'per_layer'), ('pipeline-fsdp', 8, 'per_layer')]
     """
 
     label: str
@@ -65,6 +65,13 @@ class Runner:
     trials it takes (a start too large halves)."""
 
     @property
+    def checkpoint(self) -> str:
+        """How it re-materializes: not at all (naive), each stage's micro-batches
+        (``always``) or layer by layer (``per_layer``)."""
+        return {"naive": "-", "gpipe": "always", "pipeline": "always"}.get(self.kind,
+                                                                          "per_layer")
+
+    @property
     def stages(self) -> int:
         """Pipeline stages, each worker's share of the blocks (FSDP: 2 workers a stage)."""
         return self.workers // 2 if self.kind == "pipeline-fsdp" else self.workers
@@ -77,14 +84,14 @@ RUNNERS = (
            weight=2.0, start_from=(0, 2.0)),
     Runner(label="pipeline-1 (Pipeline)", kind="pipeline", workers=1, paper_row=None,
            weight=1.0, start_from=(1, 1.0)),
-    Runner(label="pipeline-2 (Pipeline)", kind="pipeline", workers=2, paper_row="pipeline-2",
-           weight=2.0, start_from=(2, 2.0)),
-    Runner(label="pipeline-4 (Pipeline)", kind="pipeline", workers=4, paper_row="pipeline-4",
-           weight=3.5, start_from=(3, 2.0)),
-    Runner(label="pipeline-8 (Pipeline)", kind="pipeline", workers=8, paper_row="pipeline-8",
-           weight=7.0, start_from=(4, 2.0)),
+    Runner(label="pipeline-2 (Pipeline)", kind="pipeline-per-layer", workers=2,
+           paper_row="pipeline-2", weight=2.0, start_from=(2, 2.0)),
+    Runner(label="pipeline-4 (Pipeline)", kind="pipeline-per-layer", workers=4,
+           paper_row="pipeline-4", weight=3.5, start_from=(3, 2.0)),
+    Runner(label="pipeline-8 (Pipeline)", kind="pipeline-per-layer", workers=8,
+           paper_row="pipeline-8", weight=7.0, start_from=(4, 2.0)),
     Runner(label="pipeline-4 x FSDP 2 (Pipeline)", kind="pipeline-fsdp", workers=8,
-           paper_row=None, weight=12.0, start_from=(4, 1.6)),
+           paper_row=None, weight=12.0, start_from=(4, 1.8)),
 )
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -220,7 +227,7 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
                                            if search["stopped"] else "")
         if not search["trials"]:
             blocks = f"not run ({search['stopped']})"
-        rows.append([runner.label, runner.workers, blocks, _params(n) if n > 0 else "-",
+        rows.append([runner.label, runner.workers, runner.checkpoint, blocks, _params(n) if n > 0 else "-",
                      _ratio(n, naive), peak, None if per_block is None else round(per_block, 2),
                      _params(paper[0]) if paper else "-",
                      _ratio(paper[0], base_t) if paper else "-",
@@ -230,7 +237,7 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
     main = Table(
         key="sizes",
         title="GPipe Table 1: the largest GPT that trains under a memory cap per worker",
-        columns=["configuration", "workers", "blocks", "parameters", "x naive-1",
+        columns=["configuration", "workers", "checkpoint", "blocks", "parameters", "x naive-1",
                  "peak MiB per worker", "MiB per block on a worker", "paper Transformer-L",
                  "paper x naive-1", "paper AmoebaNet-D", "paper x naive-1 (AmoebaNet)"],
         rows=rows,
@@ -239,9 +246,13 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
                 "Huang et al. 2019 (arXiv:1811.06965), Table 1: Transformer-L on Cloud "
                 "TPUv3 (16 GB per core), AmoebaNet-D on Cloud TPUv2 (8 GB per core)"),
         notes=(f"GPT of width {work.width} ({work.heads} heads), batch {work.batch} x "
-               f"{work.context} tokens, AdamW; pipeline rows re-materialize "
-               f"(checkpoint='always') over {work.microbatches} micro-batches, Pipeline with "
-               f"the gpipe schedule, one thread per worker process. A configuration fits if "
+               f"{work.context} tokens, AdamW; pipeline rows re-materialize over "
+               f"{work.microbatches} micro-batches (FSDP: half a replica), Pipeline with the "
+               f"gpipe schedule: pipeline-1 as GPipe's single partition does (checkpoint "
+               f"'always': a micro-batch keeps its stage's input, a backward rebuilds the "
+               f"stage), the rows of K >= 2 layer by layer (checkpoint 'per_layer': a "
+               f"micro-batch keeps its layers' inputs, a backward rebuilds one layer); one "
+               f"thread per worker process. A configuration fits if "
                f"two training steps keep every worker's peak resident memory at most "
                f"{sizes['cap_mib']:.0f} MiB above its start (taken after the same runner "
                f"trained a model of K blocks, so torch's code and thread pools are not "
