@@ -228,7 +228,8 @@ def test_the_planner_case_puts_its_memory_cap_where_only_recomputation_fits() ->
     planned = planner_memory._plan_under_cap(tiny, 4, 1e9)
     assert planned["lowest"] < planned["cap"] < planned["without"]
     steps = planned["uniform_steps"]
-    assert steps["never"] is None and any(steps[m] is not None for m in ("except_last", "always"))
+    assert steps["never"] is None and any(steps[m] is not None
+                                          for m in ("except_last", "always", "per_layer"))
     per_stage, anchor = (Plan.from_dict(planned[name]) for name in planned["names"])
     assert max(s.memory_per_worker for s in per_stage.stages) <= planned["cap"]
     assert max(s.memory_per_worker for s in anchor.stages) <= planned["cap"]

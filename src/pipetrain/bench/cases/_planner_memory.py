@@ -15,7 +15,8 @@ thread each; the machine has 2 cores):
    micro-batches) and the least a plan with a mode per stage needs, so that no plan
    keeping every activation fits;
 2. under that cap, the planner's plan (``checkpoints``: every mode and ``per-stage``)
-   and, for each of ``never``, ``except_last`` and ``always`` alone, the planner's best
+   and, for each of ``never``, ``except_last``, ``always`` and ``per_layer`` alone
+   (:data:`~pipetrain.plan.checkpoint_costs.CHECKPOINT_MODES`), the planner's best
    plan with that mode on every stage; the fastest predicted of those is the anchor
    (each chooses its own cut, schedule and micro-batches);
 3. both plans are built in the same processes and timed alternately after warm-up
@@ -38,6 +39,7 @@ from pipetrain.bench.case import BenchContext, Goal, Table
 from pipetrain.bench.cases._planner_runs import analyse, batch, gpt_config, worker
 from pipetrain.bench.harness import run_job
 from pipetrain.bench.harness.machine import usable_cores
+from pipetrain.plan.checkpoint_costs import CHECKPOINT_MODES
 
 __all__ = ["GOAL_SPEEDUP", "Options", "cap_between", "under_cap"]
 
@@ -45,7 +47,7 @@ GOAL_SPEEDUP = 1.2
 """The per-stage plan against the best plan with one mode for every stage."""
 
 _MIB = float(1 << 20)
-_UNIFORM = ("never", "except_last", "always")
+_UNIFORM = CHECKPOINT_MODES
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ next to the paper's Transformer-L and AmoebaNet-D rows.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -117,7 +118,7 @@ def _full_searches(context: BenchContext, sizes: dict[str, Any]) -> list[dict[st
         start = 4
         if runner.start_from is not None:
             row, factor = runner.start_from
-            start = max(1, int(results[row]["search"]["largest"] * factor))
+            start = max(1, math.ceil(results[row]["search"]["largest"] * factor))
         share = runner.weight / sum(r.weight for r in RUNNERS[k:])
         deadline = time.monotonic() + (ends - time.monotonic()) * share
         context.progress(f"{runner.label}: searching from {start} blocks "
