@@ -72,12 +72,12 @@ def test_the_pipetrain_plans_choices_become_the_configuration() -> None:
     assert config.balance == [1, 4] and config.stage_replicas == (1, 2)
     assert (config.schedule, config.num_microbatches, config.checkpoint) == ("1f1b", 7, "never")
     # 50 kB: re-materializing, zero bubble on a straight pipeline (ZB-H2's larger budget
-    # still fits, and beats ZB-H1), the middle stage sparing its last micro-batch (the
-    # fastest mode that fits it: one mode per stage)
+    # still fits, and beats ZB-H1), each stage the fastest mode that fits it (one mode per
+    # stage): the first two spare their last micro-batch, the last rebuilds layer by layer
     tight = config_from_plan(_planned(50_000), num_layers=5)
-    assert (tight.schedule, tight.checkpoint, tight.replicas) == ("zb-h2",
-                                                                  "always,except_last,always", 1)
-    assert tight.checkpoint_modes == ("always", "except_last", "always")
+    assert (tight.schedule, tight.checkpoint, tight.replicas) == (
+        "zb-h2", "except_last,except_last,per_layer", 1)
+    assert tight.checkpoint_modes == ("except_last", "except_last", "per_layer")
     # any plan of the planner is a configuration the pipeline accepts (the constructor
     # checks the schedule against the replica counts)
     rng = random.Random(2)
