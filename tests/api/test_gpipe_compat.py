@@ -72,9 +72,10 @@ class FlagRecorder(nn.Module):
     [
         # forwards in micro-batch order (checkpointed: (True, False)), then the
         # recomputations (False, True); 'except_last' leaves out the micro-batch whose
-        # backward runs first, micro-batch 0 in GPipe's fill-drain order
+        # backward runs first, the last one (the backward runs last micro-batch first,
+        # as torchgpipe's)
         ("always", [(True, False)] * 3 + [(False, True)] * 3),
-        ("except_last", [(False, False)] + [(True, False)] * 2 + [(False, True)] * 2),
+        ("except_last", [(True, False)] * 2 + [(False, False)] + [(False, True)] * 2),
         ("never", [(False, False)] * 3),
     ],
 )
@@ -192,6 +193,29 @@ class Graphs(nn.Module):
     def freed(self, grad):
         with self.lock:
             self.alive -= 1
+
+
+def test_no_checkpointed_forward_runs_beside_the_micro_batch_kept_whole():
+    # 'except_last' as torchgpipe: on each partition the checkpointed micro-batches'
+    # forwards run before the last one's, whose activations are then the first to go
+    # (backward last first)
+    layers = [Graphs(), Graphs()]
+    alive_at_checkpointed = []
+    original = Graphs.forward
+
+    def forward(self, x):
+        if pipetrain.is_checkpointing():
+            alive_at_checkpointed.append(self.alive)  # whole graphs this partition holds
+        return original(self, x)
+
+    for layer in layers:
+        layer.forward = forward.__get__(layer)
+    gpipe = pipetrain.GPipe(nn.Sequential(*layers), [1, 1], devices=["cpu"] * 2, chunks=4,
+                            checkpoint="except_last")
+    gpipe(torch.randn(8, 4)).sum().backward()
+    assert len(alive_at_checkpointed) == 2 * 3
+    assert alive_at_checkpointed == [0] * 6
+    assert [layer.peak for layer in layers] == [1, 1]
 
 
 @pytest.mark.parametrize(("checkpoint", "peak"), [("always", 1), ("except_last", 1), ("never", 4)])

@@ -47,7 +47,8 @@ from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.streams import PipelineStreams, StreamTransport
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
-from pipetrain.schedule import Schedule, build_schedule
+from pipetrain.schedule import Schedule, add_communication, build_schedule, validate
+from pipetrain.schedule.gpipe import gpipe
 from pipetrain.skip import skip_layout, verify_skippables
 
 __all__ = ["GPipe", "MovingModuleError"]
@@ -86,6 +87,13 @@ def _call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=64)
 def _schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
     return build_schedule(name, num_ranks=num_stages, num_microbatches=num_microbatches)
+
+
+@functools.lru_cache(maxsize=64)
+def _gpipe_last_first(num_stages: int, num_microbatches: int) -> Schedule:
+    schedule = add_communication(gpipe(num_stages, num_microbatches, last_first=True))
+    validate(schedule)
+    return schedule
 
 
 def _resolve_devices(devices: Iterable[Device] | None, num_partitions: int) -> list[torch.device]:
@@ -162,8 +170,8 @@ class GPipe(nn.Module):
         checkpoint: ``'always'``, ``'except_last'`` or ``'never'`` (anything whose
             ``str()`` is one of them, stored as ``str``): which micro-batches
             are re-materialized in backward. ``'except_last'`` re-materializes all but
-            the one whose backward runs first, as torchgpipe does; in GPipe's fill-drain
-            order (backward in forward order) that is the first micro-batch.
+            the last micro-batch, whose backward runs first, as torchgpipe does (the
+            backward runs last micro-batch first).
         deferred_batch_norm: track BatchNorm statistics over the whole mini-batch.
         timeout: seconds a stage waits for its neighbour before reporting it stuck.
         fuse_weight_gradients: accumulate linear layers' weight gradients in place
@@ -392,15 +400,13 @@ class GPipe(nn.Module):
             or any(t.requires_grad for t in iter_tensors(input))
         )
         if needs_grad:
-            # the fill-drain schedule runs the backward in forward order (B0 first): the
-            # micro-batches left un-checkpointed ('except_last': one) are the first ones,
-            # whose activations are then freed first; torchgpipe, whose backward runs
-            # last micro-batch first, leaves out the last
+            # as torchgpipe: the first `count` micro-batches are checkpointed and the
+            # backward runs last micro-batch first, so the one left whole ('except_last')
+            # frees its activations first, and no checkpointed forward runs beside them
             count = checkpoint_stop(self.checkpoint, num_microbatches, training=self.training)
-            schedule = _schedule("gpipe", num_stages, num_microbatches)
+            schedule = _gpipe_last_first(num_stages, num_microbatches)
             output = pipeline.forward(schedule, batches, input_value=input,
-                                      checkpointed=range(num_microbatches - count,
-                                                         num_microbatches))
+                                      checkpointed=range(count))
         else:
             schedule = _schedule("forward", num_stages, num_microbatches)
             output = pipeline.forward_only(schedule, batches)

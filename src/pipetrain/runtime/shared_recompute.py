@@ -212,8 +212,8 @@ class RecomputeSharing:
             if stage.graphs_held() + len(book.claimed - book.done) >= self.limit:
                 continue
             keys = self._unclaimed(stage)
-            if keys:  # the earliest: the next one the stage's backward needs
-                return stage, keys[0]
+            if keys:  # the latest: GPipe's backward runs last micro-batch first
+                return stage, keys[-1]
         return None
 
     def help(self) -> bool:
