@@ -47,8 +47,7 @@ from pipetrain.runtime.stage import StageCompute
 from pipetrain.runtime.streams import PipelineStreams, StreamTransport
 from pipetrain.runtime.threads import ThreadTransport
 from pipetrain.runtime.workers import StageWorkers
-from pipetrain.schedule import Schedule, add_communication, build_schedule, validate
-from pipetrain.schedule.gpipe import gpipe
+from pipetrain.schedule import Schedule, add_communication, build_schedule, gpipe, validate
 from pipetrain.skip import skip_layout, verify_skippables
 
 __all__ = ["GPipe", "MovingModuleError"]
@@ -85,8 +84,8 @@ def _call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _schedule(name: str, num_stages: int, num_microbatches: int) -> Schedule:
-    return build_schedule(name, num_ranks=num_stages, num_microbatches=num_microbatches)
+def _forward_schedule(num_stages: int, num_microbatches: int) -> Schedule:
+    return build_schedule("forward", num_ranks=num_stages, num_microbatches=num_microbatches)
 
 
 @functools.lru_cache(maxsize=64)
@@ -408,7 +407,7 @@ class GPipe(nn.Module):
             output = pipeline.forward(schedule, batches, input_value=input,
                                       checkpointed=range(count))
         else:
-            schedule = _schedule("forward", num_stages, num_microbatches)
+            schedule = _forward_schedule(num_stages, num_microbatches)
             output = pipeline.forward_only(schedule, batches)
         if self.training and num_microbatches < self.chunks:
             # a batch smaller than chunks: deferred batch norms wait for more micro-batches
