@@ -151,3 +151,16 @@ def test_unfused_weight_gradients_give_the_same_result() -> None:
     model(x).pow(2).sum().backward()
     for fused, unfused, plain in zip(*grads, (p.grad for p in model.parameters())):
         assert torch.allclose(fused, plain, atol=1e-6) and torch.allclose(unfused, plain, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("checkpoint", MODES)
+def test_a_partition_that_changes_its_input_in_place_is_named(checkpoint) -> None:
+    """An in-place first layer after a cut (autograd forbids changing a received tensor)
+    gets an error that names the stage and the fix, in every checkpoint mode."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.ReLU(inplace=True),
+                                torch.nn.Linear(5, 3))
+    gpipe = pipelined(model, [1, 2], chunks=2, checkpoint=checkpoint)
+    with pytest.raises(RuntimeError, match=r"stage 1 changes the stage's input in place.*"
+                                           r"inplace=False"):
+        gpipe(leaf(torch.randn(6, 5))).sum().backward()

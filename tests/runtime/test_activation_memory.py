@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipetrain.backward.roots import Seed
 from pipetrain.models import GPTConfig, gpt_layer_factories
 from pipetrain.runtime.executor import Placement, RankExecutor, StepIO
 from pipetrain.runtime.offload import ActivationOffload
@@ -137,3 +138,49 @@ def test_per_layer_refuses_a_stage_with_skip_connections() -> None:
     with pytest.raises(ValueError, match=r"checkpoint 'per_layer' on stage 1, whose layers "
                                          r"have skip connections.*fix: checkpoint='always'"):
         _stage("per_layer", torch.nn.Sequential(Save(), Add()))
+
+
+class _Total(torch.nn.Module):
+    """Sums its input's rows: autograd keeps the input's shape, not its data."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=-1, keepdim=True)
+
+
+def _data_held(root: object) -> set[int]:
+    """The data pointers of every tensor an autograd graph keeps: the variables of its
+    gradient accumulators and its nodes' saved tensors."""
+    held: set[int] = set()
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if name == "variable" or name.startswith("_saved_"):
+                value = getattr(node, name, None)
+                for t in value if isinstance(value, (tuple, list)) else [value]:
+                    if isinstance(t, torch.Tensor):
+                        held.add(t.data_ptr())
+        stack.extend(child for child, _ in node.next_functions)
+    return held
+
+
+def test_a_received_input_no_layer_saves_is_not_held_until_the_backward() -> None:
+    torch.manual_seed(0)
+    stage = StageCompute(torch.nn.Sequential(_Total(), torch.nn.Linear(1, 3)), stage_index=1,
+                         device=torch.device("cpu"))
+    x = torch.randn(4, 256).requires_grad_(True)
+    stage.forward(0, x, checkpointed=False)
+    state = stage._in_flight[0]
+    (root,) = state.outputs
+    assert isinstance(root, Seed)
+    assert x.data_ptr() not in _data_held(root.tensor.grad_fn)
+    (holder,) = state.inputs  # what the stage keeps: a one-element holder per input
+    assert holder.untyped_storage().nbytes() == holder.element_size()
+    (grad,) = stage.backward(0, [torch.ones(4, 3)])
+    reference = x.detach().requires_grad_(True)
+    torch.nn.Sequential(_Total(), stage.module[1])(reference).sum().backward()
+    torch.testing.assert_close(grad, reference.grad)

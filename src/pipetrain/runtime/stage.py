@@ -36,7 +36,7 @@ from pipetrain.backward.roots import Root, backward_root, start_points
 from pipetrain.backward.split import WeightGradient, backward_input
 from pipetrain.checkpoint import enable_checkpointing, enable_recomputing
 from pipetrain.nested import iter_tensors, map_tensors
-from pipetrain.runtime.in_flight import InFlight, announce
+from pipetrain.runtime.in_flight import InFlight, announce, entered, in_place_named
 from pipetrain.runtime.offload import ActivationOffload
 from pipetrain.runtime.per_layer import backward_by_layer, packed
 from pipetrain.runtime.precision import stage_autocast
@@ -183,7 +183,7 @@ class StageCompute:
             skips = dict(zip(self.skips_in, skip_list))
         else:
             value, skips = message, {}
-        with stage_autocast(self.device, self.autocast):
+        with stage_autocast(self.device, self.autocast), in_place_named(self.stage_index):
             output, skips_out = self._call(microbatch, value, skips, keep)
             if self.skips_out:
                 output = (output, [skips_out[key] for key in self.skips_out])
@@ -209,13 +209,14 @@ class StageCompute:
         state is kept for its backward: its graph, or, if ``checkpointed``, only its
         inputs (the graph is rebuilt by :meth:`recompute`).
         """
-        leaves = [t for t in iter_tensors(message) if t.requires_grad]
-        message = map_tensors(self._to_device, message)
+        whole = torch.is_grad_enabled() and not checkpointed and not self.per_layer
+        # the layers get the received data, its gradients going to holders (.in_flight)
+        leaves, message = entered(message, self._to_device, enter=whole)
         if target is not None:
             target = map_tensors(self._to_device, target)
         if not torch.is_grad_enabled():
             return self._compute(microbatch, message, target, loss_scale)
-        if not checkpointed and not self.per_layer:
+        if whole:
             with (self.offload.saving(microbatch) if self.offload is not None
                   else contextlib.nullcontext()):
                 if self.selective:
@@ -278,7 +279,10 @@ class StageCompute:
             return
         message, target, loss_scale = state.replay
         with torch.enable_grad(), enable_recomputing():
+            holders, message = entered(message, lambda t: t, leaves_only=True)
             output, loss = self._compute(microbatch, message, target, loss_scale)
+        state.inputs = [old if new.grad_fn is not None else new
+                        for old, new in zip(state.inputs, holders)]
         differentiable = bool(state.inputs) or bool(self.params)
         # the positions announced at forward time; one that turns out to need no
         # gradient (nothing trainable behind it) is skipped in backward
