@@ -1,9 +1,10 @@
 """One pipeline stage: its layers, and the autograd state of its micro-batches in flight.
 
 A stage is a pure function of what it receives: ``(input, skips) -> (output, skips)``.
-Received tensors become autograd leaves, so the graph of a micro-batch ends at the stage
-boundary; backward starts from the stage's outputs with the gradients the next stage
-sent, and the gradients that land on the leaves are what this stage sends back.
+A micro-batch's graph ends at the stage boundary, on one-element holders that take the
+gradients of the received tensors (:func:`~.in_flight.entered`: only the layers keep
+their data); backward starts from the stage's outputs with the gradients the next stage
+sent, and the gradients on the holders are what this stage sends back.
 
 Re-materialization is explicit: a checkpointed micro-batch runs under ``no_grad`` and
 keeps only what it received; :meth:`StageCompute.recompute` rebuilds its graph, and the
@@ -117,8 +118,7 @@ class StageCompute:
         """Autocast dtype of the forward, its recomputation and the loss (see
         :mod:`.precision`); ``None``: none."""
         self.gradient_pool = GradientPool()
-        """Gradient buffers of this stage kept across optimizer steps (see
-        :meth:`release_gradients`)."""
+        """Gradient buffers kept across optimizer steps (:meth:`release_gradients`)."""
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.sharing: RecomputeSharing | None = None
         """Set by a single-process pipeline: lets idle workers of other stages run this
