@@ -177,3 +177,17 @@ def test_the_quick_jobs_leave_the_environment_as_it_was(monkeypatch: pytest.Monk
     assert sorted(calls) == [("naive", "gpipe", "pipeline"), ("pipeline-per-layer",)]
     assert [f["search"]["largest"] for f in found] == [4, 4, 4, 8, 0, 0, 0]
     assert all(f["search"]["stopped"] == "full run only" for f in found[4:])
+
+
+@pytest.mark.parametrize("largest", [31, 127, 130])
+def test_a_search_held_to_a_ratio_starts_at_its_goal_in_parameters(largest: int) -> None:
+    """The K = 4 x FSDP 2 search starts at the fewest blocks with 1.8x the parameters of
+    K = 4's largest model (the embedding and head make that more than 1.8x the blocks)."""
+    parameters = gpipe_table1.SIZES["full"]["work"].parameters
+    start_from = gpipe_table1.RUNNERS[-1].start_from
+    assert start_from is not None and gpipe_table1.RUNNERS[start_from[0]].workers == 4
+    factor = start_from[1]
+    start = gpipe_table1.search_start(parameters, largest, factor)
+    goal = factor * parameters(largest)
+    assert parameters(start) >= goal > parameters(start - 1)
+    assert start > largest * factor

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.harness import EXACT_MALLOC, run_job
 from pipetrain.launch.processes import temporary_environment
 
-__all__ = ["CASE", "PAPER", "RUNNERS", "Runner", "draw", "paper_rows", "run"]
+__all__ = ["CASE", "PAPER", "RUNNERS", "Runner", "draw", "paper_rows", "run", "search_start"]
 
 PAPER: dict[str, tuple[float, float]] = {
     "naive-1": (282.2e6, 82e6),
@@ -61,9 +62,11 @@ class Runner:
     weight: float
     """Share of the time budget (its trials are that much longer)."""
     start_from: tuple[int, float] | None
-    """The full run's search starts from this row's largest size times this factor
-    (``None``: from 4 blocks); the size does not change what is found, only how many
-    trials it takes (a start too large halves)."""
+    """The full run's search starts from the smallest model with at least this factor
+    times the parameters of this row's largest (``None``: from 4 blocks). The start sets
+    how many trials the search takes (a start too large halves) and, within the search's
+    tolerance, where it stops: a row held to a ratio of an earlier row's size (K = 4 x
+    FSDP 2 to K = 4) starts at its goal, so that the goal's size is tried."""
 
     @property
     def checkpoint(self) -> str:
@@ -118,7 +121,8 @@ def _full_searches(context: BenchContext, sizes: dict[str, Any]) -> list[dict[st
         start = 4
         if runner.start_from is not None:
             row, factor = runner.start_from
-            start = max(1, math.ceil(results[row]["search"]["largest"] * factor))
+            start = search_start(sizes["work"].parameters, results[row]["search"]["largest"],
+                                 factor)
         share = runner.weight / sum(r.weight for r in RUNNERS[k:])
         deadline = time.monotonic() + (ends - time.monotonic()) * share
         context.progress(f"{runner.label}: searching from {start} blocks "
@@ -130,6 +134,23 @@ def _full_searches(context: BenchContext, sizes: dict[str, Any]) -> list[dict[st
                          f"({len(result['records'])} trials)")
         results.append(result)
     return results
+
+
+def search_start(parameters: Callable[[int], int], largest: int, factor: float) -> int:
+    """The fewest blocks whose model has at least ``factor`` times the parameters of the
+    model of ``largest`` blocks (at least 1).
+
+    Example:
+        >>> search_start(lambda n: 1000 + 100 * n, largest=10, factor=1.8)  # 3600 parameters
+        26
+    """
+    goal = factor * parameters(max(largest, 0))
+    start = max(1, math.ceil(largest * factor))
+    while parameters(start) < goal:
+        start += 1
+    while start > 1 and parameters(start - 1) >= goal:
+        start -= 1
+    return start
 
 
 def _quick_searches(context: BenchContext, sizes: dict[str, Any]) -> list[dict[str, Any]]:
