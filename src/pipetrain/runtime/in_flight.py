@@ -93,14 +93,13 @@ class _Enter(torch.autograd.Function):
 
 
 def entered(message: Any, to_device: Callable[[torch.Tensor], torch.Tensor], *,
-            leaves_only: bool = False, enter: bool = True) -> tuple[list[torch.Tensor], Any]:
+            enter: Callable[[torch.Tensor], bool] = lambda t: True
+            ) -> tuple[list[torch.Tensor], Any]:
     """``(holders, message for the layers)``: each tensor of ``message`` that requires
-    grad replaced by one that shares its data (moved by ``to_device``) and sends its
-    gradient to a holder (in message order); the other tensors only moved. With
-    ``leaves_only`` a tensor that requires grad and is no leaf (a copy to another
-    device, whose gradient goes back through the copy) stays as it is, and stands in the
-    list for itself. ``enter=False``: the tensors that require grad are only listed
-    (and moved), none entered.
+    grad and that ``enter`` accepts replaced by one that shares its data (moved by
+    ``to_device``) and sends its gradient to a holder; one ``enter`` refuses is only moved
+    and stands in the list for itself (the list in message order); the other tensors are
+    only moved.
 
     Example:
         >>> x = torch.ones(2, 3, requires_grad=True)
@@ -115,7 +114,7 @@ def entered(message: Any, to_device: Callable[[torch.Tensor], torch.Tensor], *,
     def one(tensor: torch.Tensor) -> torch.Tensor:
         if not tensor.requires_grad:
             return to_device(tensor)
-        if not enter or (leaves_only and tensor.grad_fn is not None):
+        if not enter(tensor):
             holders.append(tensor)
             return to_device(tensor)
         holder = torch.empty((), dtype=tensor.dtype, device=tensor.device).expand(tensor.shape)

@@ -211,7 +211,7 @@ class StageCompute:
         """
         whole = torch.is_grad_enabled() and not checkpointed and not self.per_layer
         # the layers get the received data, its gradients going to holders (.in_flight)
-        leaves, message = entered(message, self._to_device, enter=whole)
+        leaves, message = entered(message, self._to_device, enter=lambda t: whole)
         if target is not None:
             target = map_tensors(self._to_device, target)
         if not torch.is_grad_enabled():
@@ -279,10 +279,10 @@ class StageCompute:
             return
         message, target, loss_scale = state.replay
         with torch.enable_grad(), enable_recomputing():
-            holders, message = entered(message, lambda t: t, leaves_only=True)
+            # a copy to another device (no leaf) sends its gradient back through the copy
+            holders, message = entered(message, lambda t: t, enter=lambda t: t.grad_fn is None)
             output, loss = self._compute(microbatch, message, target, loss_scale)
-        state.inputs = [old if new.grad_fn is not None else new
-                        for old, new in zip(state.inputs, holders)]
+        state.inputs = [o if h.grad_fn is not None else h for o, h in zip(state.inputs, holders)]
         differentiable = bool(state.inputs) or bool(self.params)
         # the positions announced at forward time; one that turns out to need no
         # gradient (nothing trainable behind it) is skipped in backward
