@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.distributed
 
 SHAPE = ["--layers", "2", "--width", "16", "--heads", "2", "--context", "16"]
 QUIET = ["--warmup", "2", "--eval-every", "0", "--sample-bytes", "0"]
+_GLIBC = platform.libc_ver()[0] == "glibc"
 
 MODEL_FILE = '''
 import torch
@@ -111,6 +113,9 @@ def test_profile_plan_and_train_with_the_plan_record_what_ran(tmp_path: Path) ->
     assert config["sources"]["microbatches"] == config["sources"]["stages"] == "plan"
     assert config["sources"]["layers"] == "command line" and "--plan" in config["command_line"]
     assert metrics["config"]["args"] == ran == trace["options"]
+    # the workers keep the memory a step frees (glibc), as config.json says
+    assert ran["host_memory"] == "keep"
+    assert config["host_memory"].startswith("kept: " if _GLIBC else "released: ")
     micro = plan["num_microbatches"]
     assert trace["layout"] == (f"{plan['schedule']}, {len(stages)} stages x 1 replica, {micro} "
                                f"micro-batch{'es' * (micro != 1)}")
@@ -130,9 +135,11 @@ def test_a_plan_with_stages_of_different_replicas_is_recorded_as_it_ran(tmp_path
          cost_model="pipetrain", time_per_step=1.0, num_workers=3, schedule="gpipe",
          num_microbatches=2, checkpoint="never").save(tmp_path / "plan.json")
     _ok(_pipetrain("train", *SHAPE, *QUIET, "--batch-size", "8", "--steps", "3", "--plan",
-                   "plan.json", "--out", "run", cwd=tmp_path))
+                   "plan.json", "--out", "run", "--host-memory", "release", cwd=tmp_path))
     config, metrics, trace = _records(tmp_path / "run")
     assert config["world_size"] == metrics["config"]["world_size"] == 3
+    assert config["args"]["host_memory"] == "release"
+    assert config["host_memory"] == "released: glibc's defaults"
     ran = config["args"]
     assert (ran["stage_replicas"], ran["schedule"], ran["microbatches"]) == ([2, 1], "gpipe", 2)
     assert trace["layout"] == "gpipe, 2 stages (replicas 2, 1), 2 micro-batches"

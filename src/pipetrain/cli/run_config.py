@@ -104,6 +104,7 @@ class RunConfig:
     log: str = "tensorboard"
     max_restarts: int = 0
     timeout: float = 300.0
+    host_memory: str = "keep"
     config: str | None = None
     # provenance
     sources: dict[str, str] = field(default_factory=dict, repr=False)

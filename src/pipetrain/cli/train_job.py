@@ -61,6 +61,7 @@ from pipetrain.data import real_tokens
 from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
 from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
 from pipetrain.runtime.errors import PeerFailure
+from pipetrain.runtime.host_memory import host_memory_setting
 from pipetrain.runtime.process_group import init_distributed
 from pipetrain.runtime.rank_report import rank_report
 from pipetrain.trace import ProgressBar, measure_step
@@ -122,6 +123,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         phase(f"{count_of(dist.get_world_size(), 'worker')} joined; building the model and its "
               "pipeline")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        host_memory = host_memory_setting(args.host_memory, context.device)
         signals.signal(signals.SIGUSR1, signals.SIG_IGN)  # the launcher's (see .stuck_report)
         model_config = gpt_config(args)
         dataset, tokenizer = run_dataset(args)
@@ -149,7 +151,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
         phase(f"pipeline ready ({args.describe()})")
         try:
             return _Run(pipe, args, dataset, tokenizer, model_block, resume, stop, verbose=verbose,
-                        from_file=from_file).run()
+                        from_file=from_file, host_memory=host_memory).run()
         finally:
             pipe.close()
     except BaseException as error:
@@ -167,8 +169,11 @@ class _Run:
 
     def __init__(self, pipe: Pipeline, args: RunConfig, dataset: RunDataset,
                  tokenizer: RunTokenizer, model_block: dict[str, Any], resume: Resume | None,
-                 stop: StopRequest, *, verbose: bool, from_file: dict[str, bool]) -> None:
+                 stop: StopRequest, *, verbose: bool, from_file: dict[str, bool],
+                 host_memory: str) -> None:
         self.pipe, self.args, self.dataset, self.model_block = pipe, args, dataset, model_block
+        self.host_memory = host_memory
+        """What the worker's malloc does with freed memory (config.json)."""
         self.from_file = from_file
         """Whether the optimizer / the LR scheduler came from the model file."""
         self.tokenizer = tokenizer
@@ -217,7 +222,7 @@ class _Run:
                     "layout": layout_record(self.pipe), "mesh": mesh_record(self.pipe.config),
                     "optimizer": optimizer_record(self.pipe, self.from_file),
                     "data": data_record(args, self.dataset, self.tokenizer),
-                    "world_size": dist.get_world_size()})
+                    "world_size": dist.get_world_size(), "host_memory": self.host_memory})
         self.records = RunRecords(
             args.folder, options, world_size=dist.get_world_size(), first_step=self.start + 1,
             history=None if self.resume is None else self.resume.run_folder,

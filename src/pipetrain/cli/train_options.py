@@ -16,6 +16,7 @@ from typing import Any
 from pipetrain.api.lr_schedule import LR_SCHEDULES
 from pipetrain.api.optimizers import OPTIMIZERS
 from pipetrain.cli.run_config import RunConfig
+from pipetrain.runtime.host_memory import HOST_MEMORY
 from pipetrain.schedule.memory import offload_budgets
 
 __all__ = [
@@ -283,6 +284,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "stages = 4); flags given here override it")
     add(data, "--timeout", type=_positive, default=300.0,
         help="seconds any wait may take, start-up included, before failing (default 300)")
+    add(data, "--host-memory", default="keep", choices=HOST_MEMORY,
+        help="on the CPU, the memory a step frees: keep it for the next step, as a GPU's "
+             "caching allocator does (keep, the default: no page faults on the next step's "
+             "activations; a worker's resident memory stays at its peak) or give it back "
+             "as glibc's malloc does by default (release)")
 
 
 def stages_per_rank(args: RunConfig) -> int:

@@ -89,7 +89,7 @@ def run(context: BenchContext) -> BenchResult:
         output[name]["seconds"] = time.perf_counter() - began
     output["goals"] = goals(output)
     tables: list[Table] = [*mlp_tables(output["mlp"], opts), gpt_table(output["gpt"]),
-                           *transformer_tables(output["transformer"])]
+                           *transformer_tables(output["transformer"], opts)]
     return BenchResult(tables=tables, data=output, warnings=_warnings(output))
 
 

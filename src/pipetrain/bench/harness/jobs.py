@@ -16,11 +16,15 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipetrain.runtime.host_memory import KEEP_MMAP_THRESHOLD, KEEP_TRIM_THRESHOLD
+
 __all__ = ["EXACT_MALLOC", "MALLOC_TUNED", "agree", "forked_jobs", "gather_objects",
            "ring_bandwidth", "run_job"]
 
-MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 26)}
-"""glibc malloc settings that keep freed memory instead of returning it to the system."""
+MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(KEEP_TRIM_THRESHOLD),
+                "MALLOC_MMAP_THRESHOLD_": str(KEEP_MMAP_THRESHOLD)}
+"""glibc malloc settings that keep freed memory instead of returning it to the system
+(those of :func:`pipetrain.runtime.host_memory.keep_freed_memory`, from start-up)."""
 EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
 """glibc malloc for measuring memory: every block of 64 KiB or more mapped on its own and
 given back when freed (a fixed threshold also stops glibc from raising it after frees), so

@@ -52,9 +52,10 @@ class Options:
     """Rounds of M micro-batches timed per layer for the ideal of part 3."""
     trace_torch: bool = True
     """Time each forward / backward call of torch's stages (~1 us per call)."""
-    malloc_tuned: bool = False
-    """Run the workers with glibc's trim and mmap thresholds raised (both frameworks; off:
-    torch keeps its gradient buffers between steps instead, as pipetrain does)."""
+    malloc_tuned: bool = True
+    """Run the workers with glibc keeping the memory they free (both frameworks), as
+    ``pipetrain train``'s CPU workers do (:mod:`pipetrain.runtime.host_memory`); off:
+    glibc's defaults, where a step's activations page-fault in again on the next."""
     timeout: float = 1800.0
     torch_timeout: float = 120.0
     """Timeout of torch's process groups."""

@@ -29,8 +29,14 @@ GOAL_IDEAL = {1: 0.05, 2: 0.10}
 """pipetrain's step over its ideal step, by stages per rank: 5% with one stage per rank
 (gpipe, 1f1b, zb-h1), 10% with two (the looped and V schedules)."""
 
-_SETTINGS = (f"pipetrain at its defaults; torch: {TORCH_SETTINGS}; glibc malloc at its "
-             "defaults for both")
+
+
+def _settings(opts: Options) -> str:
+    """What each side ran with, in the tables' words."""
+    malloc = ("glibc malloc keeping freed memory for both (as pipetrain train's CPU workers "
+              "do: --host-memory keep)" if opts.malloc_tuned else
+              "glibc malloc at its defaults for both")
+    return f"pipetrain at its defaults; torch: {TORCH_SETTINGS}; {malloc}"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -111,7 +117,7 @@ def mlp_tables(result: Mapping[str, Any], opts: Options) -> list[Table]:
         anchor="torch.distributed.pipelining's schedule class for the same schedule (the "
                "fastest variant where it has several), same layers, cut, weights, batches and "
                f"optimizer, in the same 2 processes, {opts.reps} repetitions round-robin; "
-               f"medians of the max over the ranks. Settings: {_SETTINGS}",
+               f"medians of the max over the ranks. Settings: {_settings(opts)}",
         notes=(f"bound = torch's step / pipetrain's ideal step (the ratio a zero-overhead "
                "pipetrain would reach); step vs ideal = pipetrain's step over its ideal (its "
                "action order simulated with the isolated costs below); measured vs simulated "
@@ -177,7 +183,7 @@ def gpt_table(result: Mapping[str, Any]) -> Table:
         key="gpt")
 
 
-def transformer_tables(result: Mapping[str, Any]) -> list[Table]:
+def transformer_tables(result: Mapping[str, Any], opts: Options) -> list[Table]:
     """Part 3: pipetrain vs torch vs one process; each step's distance from its ideal."""
     m = result["model"]
     single = result["single"]
@@ -209,7 +215,7 @@ def transformer_tables(result: Mapping[str, Any]) -> list[Table]:
         anchor="torch's schedule class for the same schedule on the same cut and optimizer "
                "(the fastest variant where it has several), and the whole model in one process "
                f"with {single.get('threads', 2)} intra-op threads (as many as the pipeline's "
-               f"ranks have in all), interleaved in the same processes. Settings: {_SETTINGS}; "
+               f"ranks have in all), interleaved in the same processes. Settings: {_settings(opts)}; "
                "the one process keeps its gradients between steps too",
         notes=("bound = torch's step / pipetrain's ideal step; ideal = the schedule simulated "
                "with every layer's costs measured in one process alone (1 thread). One "
