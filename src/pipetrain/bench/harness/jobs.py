@@ -1,13 +1,14 @@
 """Launching a benchmark's ranks, and the collectives every benchmark needs.
 
 :func:`run_job` spawns the ranks of a gloo job on 127.0.0.1 (``pipetrain.launch``), each
-with one intra-op thread unless told otherwise; ``malloc_tuned`` raises glibc's trim and
-mmap thresholds in the ranks (freed memory is kept, so large temporaries do not
-page-fault every time; both frameworks of a comparison alike). The environment is set
-for the spawned ranks only: the caller's own stays as it was. Within
-:func:`forked_jobs` (``pipetrain bench --quick``) the ranks are forked from a server that
-imported torch once instead: a job starts in a fraction of a second, but settings read
-when a process starts (glibc's malloc thresholds) are the server's.
+with one intra-op thread unless told otherwise; ``malloc_tuned``: each rank keeps the
+memory it frees (:func:`pipetrain.runtime.host_memory.keep_freed_memory`, as ``pipetrain
+train``'s CPU workers do: large temporaries do not page-fault every time; both
+frameworks of a comparison alike). The environment is set for the spawned ranks only:
+the caller's own stays as it was. Within :func:`forked_jobs` (``pipetrain bench
+--quick``) the ranks are forked from a server that imported torch once instead: a job
+starts in a fraction of a second, but settings read when a process starts (glibc's
+malloc thresholds from the environment, ``EXACT_MALLOC``) are the server's.
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipetrain.runtime.host_memory import KEEP_MMAP_THRESHOLD, KEEP_TRIM_THRESHOLD
+from pipetrain.runtime.host_memory import keep_freed_memory
 
-__all__ = ["EXACT_MALLOC", "MALLOC_TUNED", "agree", "forked_jobs", "gather_objects",
+__all__ = ["EXACT_MALLOC", "agree", "forked_jobs", "gather_objects",
            "ring_bandwidth", "run_job"]
 
-MALLOC_TUNED = {"MALLOC_TRIM_THRESHOLD_": str(KEEP_TRIM_THRESHOLD),
-                "MALLOC_MMAP_THRESHOLD_": str(KEEP_MMAP_THRESHOLD)}
-"""glibc malloc settings that keep freed memory instead of returning it to the system
-(those of :func:`pipetrain.runtime.host_memory.keep_freed_memory`, from start-up)."""
 EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
 """glibc malloc for measuring memory: every block of 64 KiB or more mapped on its own and
 given back when freed (a fixed threshold also stops glibc from raising it after frees), so
@@ -61,10 +58,16 @@ def run_job(fn: Callable[..., Any], *args: Any, world_size: int = 2, threads: in
     from pipetrain.launch.processes import run_processes, temporary_environment
 
     env = {"OMP_NUM_THREADS": str(threads)}  # inherited by the spawned interpreters
-    if malloc_tuned:
-        env.update(MALLOC_TUNED)
+    if malloc_tuned:  # in each rank itself: a forked rank does not read the environment
+        fn, args = _keeping_freed_memory, (fn, *args)
     with temporary_environment(env):
         return run_processes(fn, world_size, *args, timeout=timeout, start=_START[-1])
+
+
+def _keeping_freed_memory(context: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(context, *args)`` in a rank that keeps the memory it frees."""
+    keep_freed_memory()
+    return fn(context, *args)
 
 
 def agree(local_ok: bool, message: str) -> list[str]:
