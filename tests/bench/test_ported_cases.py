@@ -151,6 +151,15 @@ def test_the_mlp_tables_name_the_anchor_and_the_goals() -> None:
         ("MLP gpipe: measured vs simulated", True)]
     assert "MLP gpipe: step vs ideal 8.0% (goal <= 5.0%): MISSED" in main.markdown()
     assert goals({"mlp": result}) == {g.name: g.met for g in main.goals}
+    # a step well below its ideal: the ideal was measured disturbed, the goal not measured
+    ours["over_ideal"] = -0.143
+    main, _ = mlp_tables(result, Options())
+    assert [(g.name, g.met) for g in main.goals][1] == ("MLP gpipe: step vs ideal", None)
+    assert "MLP gpipe: step vs ideal -14.3% (goal <= 5.0%): not measured" in main.markdown()
+    warnings = vs_torch_pipelining._warnings({"mlp": result, "transformer": {"schedules": {}}, "gpt": {}})
+    assert warnings == ["mlp gpipe: pipetrain's step 14.3% below its ideal, whose costs were "
+                        "measured while something slowed them: its step-vs-ideal goal is not "
+                        "measured in this run"]
 
 
 def test_the_meta_memory_table_compares_every_rank_with_the_cap() -> None:
