@@ -49,6 +49,8 @@ def test_the_choices_and_thresholds_are_checked_and_a_gpu_worker_is_left_alone()
         keep_freed_memory(mmap_threshold=0)
     with pytest.raises(ValueError, match="trim_threshold=True must be a positive number"):
         keep_freed_memory(trim_threshold=True)
+    with pytest.raises(ValueError, match=r"trim_threshold=2147483648 .* below 2 GiB"):
+        keep_freed_memory(trim_threshold=1 << 31)
     with pytest.raises(ValueError, match="host memory 'hold': choose one of keep, release"):
         host_memory_setting("hold", torch.device("cpu"))
     assert host_memory_setting("keep", torch.device("cuda", 0)) == (

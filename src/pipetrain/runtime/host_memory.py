@@ -50,8 +50,9 @@ def keep_freed_memory(*, mmap_threshold: int = KEEP_MMAP_THRESHOLD,
         keep_freed_memory()          # once, before training on the CPU
     """
     for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive number of bytes")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 31:
+            raise ValueError(f"{name}={value!r} must be a positive number of bytes below "
+                             "2 GiB (glibc takes an int)")
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
