@@ -10,7 +10,8 @@ torch: ``schedule.step(...)`` + ``optimizer.step()`` + ``zero_grad()``). Every a
 at the settings its users would pick for speed: torch with ``scale_grads=False`` and the
 loss divided by the micro-batches instead, and ``zero_grad(set_to_none=False)`` (its
 gradient buffers kept between steps, as pipetrain keeps its own;
-:data:`pipetrain.bench.vs_torch.runners.TORCH_SETTINGS`). For every schedule both
+:data:`pipetrain.bench.vs_torch.runners.TORCH_SETTINGS`); both frameworks' workers keep the
+memory they free, as ``pipetrain train``'s CPU workers do (``Options.malloc_tuned``). For every schedule both
 frameworks have (:data:`pipetrain.bench.vs_torch.runners.TORCH_VARIANTS`):
 gpipe / ``ScheduleGPipe``, 1f1b / ``Schedule1F1B``, interleaved-1f1b /
 ``ScheduleInterleaved1F1B`` (2 stages per rank), zb-h1 / ``ScheduleInterleavedZeroBubble``

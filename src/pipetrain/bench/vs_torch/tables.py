@@ -18,7 +18,8 @@ from pipetrain.bench.harness import load_line, pct, stage_ms
 from pipetrain.bench.vs_torch.options import Options
 from pipetrain.bench.vs_torch.runners import TORCH_SETTINGS
 
-__all__ = ["GOAL_GAP", "GOAL_IDEAL", "GOAL_RATIO", "IDEAL_FLOOR", "below_ideal", "goals", "gpt_table", "mlp_tables",
+__all__ = ["GOAL_GAP", "GOAL_IDEAL", "GOAL_RATIO", "IDEAL_FLOOR", "below_ideal", "goals",
+           "gpt_table", "mlp_tables",
            "ratio_goals", "transformer_tables"]
 
 GOAL_RATIO = 1.0
