@@ -191,3 +191,39 @@ def test_a_search_held_to_a_ratio_starts_at_its_goal_in_parameters(largest: int)
     goal = factor * parameters(largest)
     assert parameters(start) >= goal > parameters(start - 1)
     assert start > largest * factor
+
+
+def test_what_a_pipeline_worker_holds_beyond_gpipe_is_measured_at_one_size() -> None:
+    """The note compares the two single-worker runners at one size (medians), in buffers
+    of one block's parameters per block; without that measurement it says so."""
+    same = {"depth": 20, "peaks_mib": {"gpipe": [100.0, 104.0, 101.0],
+                                       "pipeline": [99.0, 100.5, 98.0]}}
+    note = gpipe_table1._buffers_note(same, 0.75)
+    assert "20 blocks" in note
+    assert "peaks at 99.0 MiB against 101.0" in note
+    assert f"{(99.0 - 101.0) / 20 / 0.75:+.2f} parameter-sized buffers per block" in note
+    assert "within 4.0 MiB" in note
+    assert "full run only" in gpipe_table1._buffers_note(None, 0.75)
+    assert "could not" in gpipe_table1._buffers_note(
+        {"depth": 20, "peaks_mib": {"gpipe": [], "pipeline": [99.0]}}, 0.75)
+
+
+def test_a_full_run_measures_both_single_worker_rows_at_the_smaller_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    found = [_fake_search(4, 4.0), _fake_search(12, 1.8), _fake_search(10, 1.9),
+             _fake_search(20, 1.9), _fake_search(40, 1.9), _fake_search(80, 1.9),
+             _fake_search(72, 1.0)]
+    asked = []
+
+    def peaks(kinds, depth, work, *, repeats, timeout):  # type: ignore[no-untyped-def]
+        asked.append((tuple(kinds), depth, repeats))
+        return {"gpipe": [50.0, 51.0, 52.0], "pipeline": [51.0, 52.0, 53.0]}
+
+    monkeypatch.setattr(gpipe_table1, "_full_searches", lambda context, sizes: found)
+    monkeypatch.setattr(gpipe_table1, "same_size_peaks", peaks)
+    with tempfile.TemporaryDirectory() as out:
+        result = gpipe_table1.run(BenchContext(quick=False, out=Path(out),
+                                               progress=lambda line: None))
+    assert asked == [(("gpipe", "pipeline"), 10, 3)]  # the smaller of 12 and 10 blocks
+    assert result.data["same_size"]["depth"] == 10
+    assert "peaks at 52.0 MiB against 51.0" in result.tables[1].notes

@@ -34,6 +34,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ from pipetrain.bench.harness import PeakMemory, run_job
 from pipetrain.launch import ProcessesFailed
 from pipetrain.models import GPTConfig, build_gpt, gpt_layer_factories, gpt_loss
 
-__all__ = ["RUNNER_KINDS", "Workload", "fresh_search", "search_worker", "train", "trial_worker"]
+__all__ = ["RUNNER_KINDS", "Workload", "fresh_search", "same_size_peaks", "search_worker", "train",
+           "trial_worker"]
 
 RUNNER_KINDS = ("naive", "gpipe", "pipeline", "pipeline-per-layer", "pipeline-fsdp")
 _MIB = float(1 << 20)
@@ -273,6 +275,28 @@ def _fresh_trial(kind: str, workers: int, depth: int, work: Workload, *, cap_mib
     record.update(fits=max(peaks) <= cap_mib, peak_mib=peaks,
                   seconds=max(r["seconds"] for r in ranks))
     return bool(record["fits"])
+
+
+def same_size_peaks(kinds: Sequence[str], depth: int, work: Workload, *, repeats: int,
+                    timeout: float) -> dict[str, list[float]]:
+    """Each single-worker runner's peak (MiB) at one size: ``repeats`` trials in fresh
+    processes each, the kinds taking turns, no cap (what the searches cannot say: two
+    searches stop at different sizes, each within its trials' noise of the cap).
+
+    Example::
+
+        same_size_peaks(("gpipe", "pipeline"), 31, work, repeats=3, timeout=240.0)
+        # {'gpipe': [120.4, 123.4, 120.3], 'pipeline': [119.0, 120.7, 121.0]}
+    """
+    peaks: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(repeats):
+        for kind in kinds:
+            records: list[dict[str, Any]] = []
+            _fresh_trial(kind, 1, depth, work, cap_mib=float(1 << 20), timeout=timeout,
+                         records=records, failures=[])
+            if records[0].get("peak_mib"):
+                peaks[kind].append(max(records[0]["peak_mib"]))
+    return peaks
 
 
 def fresh_search(kind: str, workers: int, work: Workload, *, start: int, deadline: float,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from pipetrain.bench.case import BenchContext, BenchResult, Case, Table
-from pipetrain.bench.cases._gpipe_memory import Workload, fresh_search, search_worker
+from pipetrain.bench.cases._gpipe_memory import (
+    Workload,
+    fresh_search,
+    same_size_peaks,
+    search_worker,
+)
 from pipetrain.bench.drawings import bars, find_table
 from pipetrain.bench.harness import EXACT_MALLOC, run_job
 from pipetrain.launch.processes import temporary_environment
@@ -101,7 +107,7 @@ RUNNERS = (
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"work": Workload(width=128, heads=4, context=64, batch=16, microbatches=16),
              "cap_mib": 128.0, "tolerance": 1 / 12, "limit": 4096, "budget_s": 1000.0,
-             "trial_timeout_s": 240.0},
+             "trial_timeout_s": 240.0, "same_size_repeats": 3},
     "quick": {"work": Workload(width=64, heads=2, context=32, batch=16, microbatches=8),
               "cap_mib": 24.0, "tolerance": 1 / 4, "limit": 1024, "budget_s": 90.0,
               "starts": (4, 12, 12, 24), "max_workers": 2},
@@ -231,7 +237,7 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 
 def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int], *,
-            method: str) -> list[Table]:
+            method: str, same_size: dict[str, Any] | None) -> list[Table]:
     work: Workload = sizes["work"]
     naive = params[0]
     gpipe = params[1]
@@ -289,24 +295,35 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
                f"TPU's: a TPU's memory holds no code, and the paper grows AmoebaNet in width "
                f"as well."),
     )
-    return [main, _checks(params, gpipe, _buffers_note(per_blocks, weights_mib / 4))]
+    return [main, _checks(params, gpipe, _buffers_note(same_size, weights_mib / 4))]
 
 
-def _buffers_note(per_blocks: list[float | None], param_mib: float) -> str:
-    """What a Pipeline worker holds per block beyond GPipe's single partition, measured
-    (the MiB per block of pipeline-1 (Pipeline) minus pipeline-1 (GPipe)), in buffers of
-    one block's parameters (``param_mib``).
+def _buffers_note(same_size: dict[str, Any] | None, param_mib: float) -> str:
+    """What a Pipeline worker holds beyond GPipe's single partition: both single-worker
+    runners measured at one size (``same_size``: its ``depth`` and each runner's
+    ``peaks_mib``), the medians' difference in buffers of one block's parameters
+    (``param_mib``) per block.
 
     Example:
-        >>> _buffers_note([None, 2.0, 3.0], 1.0).split(" (")[1]
-        '+1.0 parameter-sized buffers per block).'
+        >>> same = {"depth": 10, "peaks_mib": {"gpipe": [40.0, 41.0, 42.0],
+        ...                                    "pipeline": [44.0, 42.0, 43.0]}}
+        >>> print(_buffers_note(same, 0.5).split("; ")[0].split("(")[-1])
+        +0.40 parameter-sized buffers per block
     """
-    gpipe, pipeline = per_blocks[1], per_blocks[2]
-    if gpipe is None or pipeline is None:
-        return "The MiB per block of the two single-worker rows were not both measured."
-    return (f"A Pipeline worker holds {pipeline:.1f} MiB per block against {gpipe:.1f} for "
-            f"GPipe's single partition ({(pipeline - gpipe) / param_mib:+.1f} "
-            "parameter-sized buffers per block).")
+    if same_size is None:
+        return "The two single-worker rows were not measured at one size (full run only). "
+    peaks = same_size["peaks_mib"]
+    gpipe, pipeline = peaks.get("gpipe") or [], peaks.get("pipeline") or []
+    if not gpipe or not pipeline:
+        return "The two single-worker rows could not both be measured at one size. "
+    depth = same_size["depth"]
+    g, p = statistics.median(gpipe), statistics.median(pipeline)
+    spread = max(max(v) - min(v) for v in (gpipe, pipeline))
+    return (f"At one size, {depth} blocks ({min(len(gpipe), len(pipeline))} trials each in "
+            f"fresh processes, taking turns, medians), a Pipeline worker peaks at {p:.1f} MiB "
+            f"against {g:.1f} for GPipe's single partition "
+            f"({(p - g) / depth / param_mib:+.2f} parameter-sized buffers per block; each "
+            f"runner's trials within {spread:.1f} MiB). ")
 
 
 def _checks(params: list[int], gpipe: int, buffers: str) -> Table:
@@ -333,7 +350,7 @@ def _checks(params: list[int], gpipe: int, buffers: str) -> Table:
                         "Table 1",
                  notes=("Parameters grow a little slower than blocks (the embedding and head "
                         f"are fixed), so the ratios of parameters are slightly below those of "
-                        f"blocks. {buffers} K = 4 is compared with both single-worker rows: "
+                        f"blocks. {buffers}K = 4 is compared with both single-worker rows: "
                         "with Pipeline's own K = 1 the growth is the pipelining's, with "
                         "GPipe's it also carries what a Pipeline worker holds beyond it. "
                         "K = 4 x FSDP 2 runs the 4 stages on 8 workers, each stage sharded "
@@ -364,6 +381,7 @@ def run(context: BenchContext) -> BenchResult:
     began = time.monotonic()
     with temporary_environment(EXACT_MALLOC):  # read by each trial process's allocator
         found = (_quick_searches if context.quick else _full_searches)(context, sizes)
+        same_size = None if context.quick else _same_size(context, found, sizes)
     work: Workload = sizes["work"]
     params = [work.parameters(r["search"]["largest"]) if r["search"]["largest"]
               else (0 if r["search"]["trials"] else -1) for r in found]
@@ -375,8 +393,24 @@ def run(context: BenchContext) -> BenchResult:
             "runners": [{**dataclasses.asdict(r), "parameters": n if n >= 0 else None, **f}
                         for r, n, f in zip(RUNNERS, params, found)],
             "paper": {k: {"transformer": t, "amoebanet": a} for k, (t, a) in PAPER.items()},
-            "seconds": round(time.monotonic() - began, 1)}
-    return BenchResult(tables=_tables(found, sizes, params, method=method), data=data)
+            "same_size": same_size, "seconds": round(time.monotonic() - began, 1)}
+    return BenchResult(tables=_tables(found, sizes, params, method=method, same_size=same_size),
+                       data=data)
+
+
+def _same_size(context: BenchContext, found: list[dict[str, Any]],
+               sizes: dict[str, Any]) -> dict[str, Any] | None:
+    """GPipe's single partition and Pipeline's K = 1 at one size, the smaller of the two
+    found (``None``: a search found nothing)."""
+    depth = min(found[1]["search"]["largest"], found[2]["search"]["largest"])
+    if depth < 1:
+        return None
+    context.progress(f"GPipe and Pipeline (K = 1) at {depth} blocks, "
+                     f"{sizes['same_size_repeats']} trials each")
+    peaks = same_size_peaks(("gpipe", "pipeline"), depth, sizes["work"],
+                            repeats=sizes["same_size_repeats"],
+                            timeout=sizes["trial_timeout_s"])
+    return {"depth": depth, "peaks_mib": peaks}
 
 
 def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
