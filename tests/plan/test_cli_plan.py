@@ -165,6 +165,10 @@ def test_pipetrain_table_shows_its_choices(tmp_path: Path, capsys: pytest.Captur
     assert "predicted time per step:" in text and "the simulated step" in text
     assert "memory per worker:" in text and "(limit 90.0 kB)" in text
     assert "4 micro-batches" in text and "chosen by the pipetrain cost model" in text
+    # --memory-per-worker is the same option under its longer name
+    assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
+                 "--memory-per-worker", "90000", "--microbatches", "4"]) == 0
+    assert capsys.readouterr().out == text
     assert main(["plan", "--profile", str(path), "--workers", "2", "--bandwidth", "1e9",
                  "--schedule", "interleaved-1f1b"]) == 2
     assert "schedule 'interleaved-1f1b' cannot be planned" in capsys.readouterr().err

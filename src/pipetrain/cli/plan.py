@@ -55,6 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory",
+        "--memory-per-worker",
+        dest="memory",
         type=float,
         metavar="BYTES",
         help="memory per worker the plan must fit in (one-level topologies)",
