@@ -80,8 +80,17 @@ def test_the_gpt_plan_at_2_1_2_trains_as_one_process() -> None:
         {"schedule": "zb-h2", "num_microbatches": 3},
         {"schedule": "zb-v", "stages_per_rank": 2},
         {"schedule": "dualpipe-v", "stages_per_rank": 2, "num_microbatches": 4},
+        # sequence parallelism inside the blocks (lengths 16, 9, 12, 5: uneven shards too)
+        {"schedule": "1f1b", "sequence_parallel": True},
+        {"schedule": "zb-h1", "checkpoint": "always", "sequence_parallel": True},
     )]
-    _check_gpt(run_workers(mesh_jobs.fsdp_job, 4, configs, 5, timeout=300), configs, 5)
+    results = run_workers(mesh_jobs.fsdp_job, 4, configs, 5, timeout=300)
+    _check_gpt(results, configs, 5)
+    # the norms saw every rank's share of the positions (16, 9, 12, 5: 8, 5 or 4, 6, 3 or 2)
+    # with sequence parallelism, the whole sequences without it
+    for rank_results in results:
+        assert rank_results[0][2] == [5, 9, 12, 16]
+        assert set(rank_results[-1][2]) <= {2, 3, 4, 5, 6, 8} and 8 in rank_results[-1][2]
 
 
 def test_the_gpt_at_2_2_2_replicated_and_fsdp_and_its_checkpoint_reshards(tmp_path: Path) -> None:
@@ -179,3 +188,17 @@ def test_hugging_face_llama_at_2_1_2_and_2_2_2_fsdp_trains_as_one_process() -> N
                                                  "self_attn.v_proj", "self_attn.o_proj",
                                                  "mlp.gate_proj", "mlp.up_proj",
                                                  "mlp.down_proj")}, split
+
+
+def test_sequence_parallelism_refuses_dropout_and_leaves_other_layers_whole() -> None:
+    from pipetrain.models.gpt import Block, GPTConfig, Head
+    from pipetrain.models.gpt_tp import gpt_sequence_parallel_plan
+
+    config = GPTConfig(num_layers=1, width=8, num_heads=2, context=4, dropout=0.1)
+    with pytest.raises(ValueError, match=r"sequence parallelism with dropout 0\.1.*fix: dropout 0\.0"):
+        gpt_sequence_parallel_plan(1, Block(config), None)  # type: ignore[arg-type]
+    head = Head(config)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    assert gpt_sequence_parallel_plan(2, head, None) is None  # type: ignore[arg-type,func-returns-value]
+    assert all(torch.equal(before[k], v) for k, v in head.state_dict().items())
+    assert not head._forward_pre_hooks and not head._forward_hooks

@@ -28,14 +28,15 @@ _losses = recorded_losses
 
 def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: Path) -> None:
     """--stages 2 --replicas 2 --fsdp --tensor-parallel 2: 8 workers, the GPT's blocks split
-    over 2, its stages sharded over 2 replicas, each micro-batch's gradients reduce-scattered
-    after its backward; the losses of one process."""
+    over 2 (with sequence parallelism), its stages sharded over 2 replicas, each
+    micro-batch's gradients reduce-scattered after its backward; the losses of one process."""
     layout = ["--stages", "2", "--replicas", "2", "--fsdp", "--tensor-parallel", "2",
-              "--fsdp-reduce-each-microbatch"]
+              "--fsdp-reduce-each-microbatch", "--sequence-parallel"]
     done = _train(*GPT, "--steps", "5", "--eval-every", "0", *layout, out=tmp_path / "3d",
                   timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 stages x 2 replicas (FSDP) x 2 tensor-parallel" in done.stderr + done.stdout
+    assert "2 stages x 2 replicas (FSDP) x 2 tensor-parallel (sequence-parallel)" in (
+        done.stderr + done.stdout)
     assert "8 workers joined" in done.stderr + done.stdout
     reference = one_process_losses([*SMALL, *GPT, "--steps", "5", "--eval-every", "0"])
     losses = _losses(tmp_path / "3d")
@@ -47,6 +48,7 @@ def test_three_dimensions_train_as_one_process_and_record_their_mesh(tmp_path: P
                               "data_parallel": "fsdp", "reshard_after_forward": False,
                               "reduce_each_microbatch": True}
     assert config["args"]["fsdp"] is True and config["args"]["tensor_parallel"] == 2
+    assert config["args"]["sequence_parallel"] is True
     metrics = json.loads((tmp_path / "3d" / "metrics.json").read_text())
     trace = json.loads((tmp_path / "3d" / "trace.json").read_text())
     assert metrics["config"]["mesh"] == trace["otherData"]["mesh"] == config["mesh"]
@@ -70,6 +72,9 @@ def test_what_fsdp_cannot_run_is_refused_before_any_worker_starts(tmp_path: Path
                          "--out", str(tmp_path / "bad")])
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--tensor-parallel 2 splits pipetrain's GPT only" in done.stderr
+    done = refused_here(["train", *SMALL, "--sequence-parallel", "--out", str(tmp_path / "bad")])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--sequence-parallel splits positions" in done.stderr and "--tensor-parallel is 1" in done.stderr
 
 
 USER_MODEL = '''

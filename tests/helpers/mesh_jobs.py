@@ -26,9 +26,13 @@ def full_parameters(pipe: Any) -> Params:
 
 def make_pipeline(ctx: Any, config: dict[str, Any], mesh: Any = None) -> Any:
     from pipetrain.api.pipeline import Pipeline
-    from pipetrain.models.gpt_tp import gpt_tensor_parallel_plan
+    from pipetrain.models.gpt_tp import gpt_sequence_parallel_plan, gpt_tensor_parallel_plan
 
-    plan = gpt_tensor_parallel_plan if config.get("tensor_parallel", 1) > 1 else None
+    config = dict(config)
+    sequence = config.pop("sequence_parallel", False)  # a test's choice of plan
+    plan = gpt_sequence_parallel_plan if sequence else gpt_tensor_parallel_plan
+    if config.get("tensor_parallel", 1) == 1:
+        plan = None
     return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
                     ties=gpt_ties(GPT), config=PipelineConfig(clip_grad_norm=GPT_CLIP, **config),
                     context=ctx, mesh=mesh, tensor_parallel_plan=plan)
@@ -41,12 +45,29 @@ def fsdp_job(ctx: Any, configs: list[dict[str, Any]], steps: int,
     results = []
     for c, config in enumerate(configs):
         pipe = make_pipeline(ctx, config)
+        seen = _norm_lengths(pipe)
         losses = [pipe.train_step(x, y) for x, y in gpt_batches(steps)]
-        results.append((full_parameters(pipe), losses))
+        results.append((full_parameters(pipe), losses, sorted(set(seen))))
         if path is not None and c == len(configs) - 1:
             pipe.save(path, extra={"data_step": steps})
         pipe.close()
     return results
+
+
+def _norm_lengths(pipe: Any) -> list[int]:
+    """The sequence lengths the blocks' first LayerNorm sees on this rank (this rank's
+    positions under sequence parallelism), filled in as the pipeline runs."""
+    seen: list[int] = []
+
+    def record(module: Any, args: Any, output: Any) -> None:
+        local = output.to_local() if isinstance(output, DTensor) else output
+        seen.append(int(local.shape[1]))
+
+    for layer in pipe.layers.values():
+        for name, module in layer.named_modules():
+            if name.endswith("ln_1"):
+                module.register_forward_hook(record)
+    return seen
 
 
 class CollectiveCounts:

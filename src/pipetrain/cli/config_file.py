@@ -125,5 +125,6 @@ def read_config_file(path: str) -> tuple[argparse.Namespace | None, list[str]]:
         return None, [f"{path}: {text}"]
 
 
-_FLAGS = frozenset({"vertical_sync", "fsdp", "fsdp_reshard", "fsdp_reduce_each_microbatch"})
+_FLAGS = frozenset({"vertical_sync", "fsdp", "fsdp_reshard", "fsdp_reduce_each_microbatch",
+                    "sequence_parallel"})
 """Options that are on/off switches (``true`` / ``false`` in the file)."""

@@ -64,6 +64,7 @@ class RunConfig:
     fsdp_reshard: bool = False
     fsdp_reduce_each_microbatch: bool = False
     tensor_parallel: int = 1
+    sequence_parallel: bool = False
     virtual: int | None = None
     checkpoint: str = "never"
     offload: str | None = None
@@ -179,6 +180,8 @@ class RunConfig:
             layout += " (FSDP)"
         if self.tensor_parallel > 1:
             layout += f" x {self.tensor_parallel} tensor-parallel"
+            if self.sequence_parallel:
+                layout += " (sequence-parallel)"
         if self.stages_per_rank > 1:
             layout += f", {self.stages_per_rank} per rank"
         text = (f"{self.schedule}, {layout}, {self.microbatches} "

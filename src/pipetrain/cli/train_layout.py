@@ -183,7 +183,9 @@ def _tensor_parallel_problems(args: RunConfig) -> list[str]:
     ``--plan``."""
     tp = args.tensor_parallel
     if tp == 1:
-        return []
+        return (["--sequence-parallel splits positions over the tensor-parallel ranks, and "
+                 "--tensor-parallel is 1; fix: --tensor-parallel 2 (or more), or leave out "
+                 "--sequence-parallel"] if args.sequence_parallel else [])
     if args.model != "gpt":
         return [f"--tensor-parallel {tp} splits pipetrain's GPT only (its plan: "
                 f"pipetrain.models.gpt_tp); --model {args.model!r} has none; fix: "

@@ -16,18 +16,36 @@ model with separate q, k and v projections would not need), and each rank takes 
 heads from it. The parameters keep
 their names and shapes, so checkpoints move between tensor-parallel and whole runs.
 Attention dropout would draw other masks than one process: the plan refuses it.
+
+:func:`gpt_sequence_parallel_plan` adds sequence parallelism (Korthikanti et al., 2022)
+inside each block: the block takes its whole input, keeps this rank's ``T / tp``
+positions of it (a slice, no message), runs both LayerNorms and both residual adds on
+those positions only (torch's ``SequenceParallel`` style: the norms' weight gradients
+are summed over ``tp``), gathers the positions before ``attn.qkv`` and ``mlp.fc``,
+reduce-scatters after ``attn.proj`` and ``mlp.proj`` (in place of their all-reduces), and
+gathers its output whole again. The residual stream and the norms' activations a block
+keeps for backward shrink by ``tp``; a block's messages are one all-gather more than
+without it. Any sequence length (uneven shards too); no dropout (each rank would draw
+its positions' masks, not one process's).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
-from pipetrain.models.gpt import Block, CausalSelfAttention, attend
+from pipetrain.models.gpt import Block, CausalSelfAttention, _split_packed, attend
 
-__all__ = ["HeadsAttention", "gpt_tensor_parallel_plan"]
+__all__ = ["HeadsAttention", "gpt_sequence_parallel_plan", "gpt_tensor_parallel_plan"]
 
 
 class HeadsAttention(nn.Module):
@@ -91,6 +109,65 @@ def gpt_tensor_parallel_plan(index: int, layer: nn.Module, mesh: DeviceMesh) -> 
     """
     if not isinstance(layer, Block):
         return
+    _split_heads(layer, mesh)
+    parallelize_module(layer, mesh, {
+        "attn.qkv": ColwiseParallel(use_local_output=False),
+        "attn.proj": RowwiseParallel(),
+        "mlp.fc": ColwiseParallel(),
+        "mlp.proj": RowwiseParallel(),
+    })
+
+
+def gpt_sequence_parallel_plan(index: int, layer: nn.Module, mesh: DeviceMesh) -> None:
+    """:func:`gpt_tensor_parallel_plan` with sequence parallelism inside each block (see
+    the module docstring); the embedding and the head are left whole. A
+    :data:`~pipetrain.api.tensor_parallel.TensorParallelPlan`.
+
+    Raises:
+        ValueError: as :func:`gpt_tensor_parallel_plan`, or the block has dropout.
+
+    Example (in each process of a job with ``tensor_parallel=2``)::
+
+        Pipeline(gpt_layer_factories(config, seed=0), ..., config=PipelineConfig(
+            num_stages=2, tensor_parallel=2), tensor_parallel_plan=gpt_sequence_parallel_plan)
+    """
+    if not isinstance(layer, Block):
+        return
+    dropouts = [m.p for m in layer.modules() if isinstance(m, nn.Dropout) and m.p > 0]
+    if dropouts:
+        raise ValueError(f"sequence parallelism with dropout {dropouts[0]}: each tensor-parallel "
+                         "rank would draw the masks of its own positions, not one process's; "
+                         "fix: dropout 0.0, or the plan without sequence parallelism")
+    _split_heads(layer, mesh)
+    positions = Shard(1)
+    parallelize_module(layer, mesh, {
+        "ln_1": SequenceParallel(),
+        "attn.qkv": ColwiseParallel(input_layouts=positions, use_local_output=False),
+        "attn.proj": RowwiseParallel(output_layouts=positions, use_local_output=False),
+        "ln_2": SequenceParallel(),
+        "mlp.fc": ColwiseParallel(input_layouts=positions),
+        "mlp.proj": RowwiseParallel(output_layouts=positions, use_local_output=False),
+    })
+
+    def take_positions(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        h, where = _split_packed(args[0])
+        shards = DTensor.from_local(h, mesh, (Replicate(),), run_check=False).redistribute(
+            mesh, (positions,))  # this rank's positions: a slice; its gradient gathered
+        return (shards if where is None else (shards, where), *args[1:])
+
+    def gather_positions(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        h, where = _split_packed(output)
+        assert isinstance(h, DTensor)
+        whole = h.redistribute(mesh, (Replicate(),)).to_local()
+        return whole if where is None else (whole, where)
+
+    layer.register_forward_pre_hook(take_positions)
+    layer.register_forward_hook(gather_positions)
+
+
+def _split_heads(layer: Block, mesh: DeviceMesh) -> None:
+    """Check that ``layer``'s heads and width divide among ``mesh``'s ranks and give its
+    attention this rank's heads (:class:`HeadsAttention`)."""
     attention = layer.attn
     assert isinstance(attention, CausalSelfAttention)
     parts = mesh.size()
@@ -105,9 +182,3 @@ def gpt_tensor_parallel_plan(index: int, layer: nn.Module, mesh: DeviceMesh) -> 
                          "fix: dropout 0.0 with tensor parallelism, or tensor_parallel=1")
     layer.register_module("attn", HeadsAttention(attention, index=mesh.get_local_rank(),
                                                  num_parts=parts))
-    parallelize_module(layer, mesh, {
-        "attn.qkv": ColwiseParallel(use_local_output=False),
-        "attn.proj": RowwiseParallel(),
-        "mlp.fc": ColwiseParallel(),
-        "mlp.proj": RowwiseParallel(),
-    })
