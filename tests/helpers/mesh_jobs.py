@@ -247,3 +247,39 @@ def link_groups_job(ctx: Any) -> list[tuple[int, int]]:
     config = PipelineConfig(num_stages=2, tensor_parallel=2)
     layout = Layout.create(config, num_layers=2, tp_index=rank % 2)
     return sorted(layout_link_groups(layout, rank=rank))
+
+
+def saved_bytes_job(ctx: Any, batch: int, length: int) -> dict[str, int]:
+    """Bytes a GPT block saves for its backward on this rank (each storage once, its
+    parameters left out), split by the tensor-parallel plan with and without sequence
+    parallelism over the 2 ranks of the job."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from pipetrain.models.gpt import Block, GPTConfig
+    from pipetrain.models.gpt_tp import gpt_sequence_parallel_plan, gpt_tensor_parallel_plan
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    config = GPTConfig(num_layers=1, width=64, num_heads=4, context=length)
+    out = {}
+    for name, plan in (("tp", gpt_tensor_parallel_plan), ("sp", gpt_sequence_parallel_plan)):
+        torch.manual_seed(0)
+        block = Block(config)
+        plan(1, block, mesh)
+        params = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
+                  for p in block.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            local = t.to_local() if isinstance(t, DTensor) else t
+            storage = local.untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        x = torch.randn(batch, length, config.width, generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = block(x)
+        torch.autograd.backward(y, torch.ones_like(y))
+        out[name] = sum(storages.values())
+    return out

@@ -197,8 +197,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
              "x T workers in all")
     layout.add_argument("--sequence-parallel", action=_GivenFlag, default=False,
                         help="--tensor-parallel: also split each block's norms and residual "
-                             "stream over the T workers by sequence position (less "
-                             "activation memory, one all-gather more per block)")
+                             "stream over the T workers by sequence position (the norms' "
+                             "saved activations shrink by T; one all-gather more per block)")
     add(layout, "--virtual", type=_positive_int, default=None,
         help="stages per rank: interleaved-1f1b and looped-bfs (default 2); zb-v and "
              "dualpipe-v place exactly 2")

@@ -23,9 +23,10 @@ positions of it (a slice, no message), runs both LayerNorms and both residual ad
 those positions only (torch's ``SequenceParallel`` style: the norms' weight gradients
 are summed over ``tp``), gathers the positions before ``attn.qkv`` and ``mlp.fc``,
 reduce-scatters after ``attn.proj`` and ``mlp.proj`` (in place of their all-reduces), and
-gathers its output whole again. The residual stream and the norms' activations a block
-keeps for backward shrink by ``tp``; a block's messages are one all-gather more than
-without it. Any sequence length (uneven shards too); no dropout (each rank would draw
+gathers its output whole again. The norms' saved inputs shrink by ``tp``; the gathered
+inputs of ``attn.qkv`` and ``mlp.fc`` are kept whole for their weight gradients (not
+gathered again in the backward, as Megatron-LM does); a block's messages are one
+all-gather more than without it. Any sequence length (uneven shards too); no dropout (each rank would draw
 its positions' masks, not one process's).
 """
 
