@@ -269,7 +269,8 @@ def saved_bytes_job(ctx: Any, batch: int, length: int) -> dict[str, int]:
                   for p in block.parameters()}
         storages: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, params: set[int] = params,
+                 storages: dict[int, int] = storages) -> torch.Tensor:
             local = t.to_local() if isinstance(t, DTensor) else t
             storage = local.untyped_storage()
             if storage.data_ptr() not in params:
