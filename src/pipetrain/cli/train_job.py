@@ -59,7 +59,7 @@ from pipetrain.cli.worker_errors import RunStopped, UsageError, end_within, repo
 from pipetrain.counts import count_of
 from pipetrain.data import real_tokens
 from pipetrain.launch.local import COMMAND_LINE_ENV, LAUNCHED_ENV
-from pipetrain.models.gpt_tp import gpt_sequence_parallel_plan, gpt_tensor_parallel_plan
+from pipetrain.models.gpt_tp import gpt_plan
 from pipetrain.runtime.errors import PeerFailure
 from pipetrain.runtime.host_memory import host_memory_setting
 from pipetrain.runtime.process_group import init_distributed
@@ -146,9 +146,7 @@ def _join_and_train(args: RunConfig, resume: Resume | None, stop: StopRequest, *
             lr_scheduler=lr_scheduler,
             config=run_config(args),
             context=context,
-            tensor_parallel_plan=None if args.tensor_parallel == 1 else (
-                gpt_sequence_parallel_plan if args.sequence_parallel
-                else gpt_tensor_parallel_plan),
+            tensor_parallel_plan=gpt_plan(args.sequence_parallel) if args.tensor_parallel > 1 else None,
         )
         phase(f"pipeline ready ({args.describe()})")
         try:

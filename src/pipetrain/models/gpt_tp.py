@@ -32,6 +32,7 @@ its positions' masks, not one process's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
@@ -46,7 +47,7 @@ from torch.distributed.tensor.parallel import (
 
 from pipetrain.models.gpt import Block, CausalSelfAttention, _split_packed, attend
 
-__all__ = ["HeadsAttention", "gpt_sequence_parallel_plan", "gpt_tensor_parallel_plan"]
+__all__ = ["HeadsAttention", "gpt_plan", "gpt_sequence_parallel_plan", "gpt_tensor_parallel_plan"]
 
 
 class HeadsAttention(nn.Module):
@@ -164,6 +165,16 @@ def gpt_sequence_parallel_plan(index: int, layer: nn.Module, mesh: DeviceMesh) -
 
     layer.register_forward_pre_hook(take_positions)
     layer.register_forward_hook(gather_positions)
+
+
+def gpt_plan(sequence_parallel: bool = False) -> Callable[[int, nn.Module, DeviceMesh], None]:
+    """The GPT's plan: :func:`gpt_sequence_parallel_plan` or :func:`gpt_tensor_parallel_plan`.
+
+    Example:
+        >>> gpt_plan(sequence_parallel=True).__name__
+        'gpt_sequence_parallel_plan'
+    """
+    return gpt_sequence_parallel_plan if sequence_parallel else gpt_tensor_parallel_plan
 
 
 def _split_heads(layer: Block, mesh: DeviceMesh) -> None:
