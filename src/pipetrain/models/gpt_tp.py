@@ -26,8 +26,8 @@ reduce-scatters after ``attn.proj`` and ``mlp.proj`` (in place of their all-redu
 gathers its output whole again. The norms' saved inputs shrink by ``tp``; the gathered
 inputs of ``attn.qkv`` and ``mlp.fc`` are kept whole for their weight gradients (not
 gathered again in the backward, as Megatron-LM does); a block's messages are one
-all-gather more than without it. Any sequence length (uneven shards too); no dropout (each rank would draw
-its positions' masks, not one process's).
+all-gather more than without it. Any sequence length (uneven shards too); no dropout
+(each rank would draw its positions' masks, not one process's).
 """
 
 from __future__ import annotations

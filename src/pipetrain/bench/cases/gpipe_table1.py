@@ -243,14 +243,12 @@ def _tables(found: list[dict[str, Any]], sizes: dict[str, Any], params: list[int
     gpipe = params[1]
     base_t, base_a = PAPER["naive-1"]
     rows: list[list[Any]] = []
-    per_blocks: list[float | None] = []
     for runner, result, n in zip(RUNNERS, found, params):
         search = result["search"]
         paper = PAPER.get(runner.paper_row or "")
         fitting = [r for r in result["records"] if r["fits"] and r["depth"] == search["largest"]]
         peak = max(fitting[0]["peak_mib"]) if fitting else None
         per_block = _per_block(result["records"], runner.stages)
-        per_blocks.append(per_block)
         blocks = f"{search['largest']}" + (f" (search stopped: {search['stopped']})"
                                            if search["stopped"] else "")
         if not search["trials"]:
