@@ -26,13 +26,11 @@ def full_parameters(pipe: Any) -> Params:
 
 def make_pipeline(ctx: Any, config: dict[str, Any], mesh: Any = None) -> Any:
     from pipetrain.api.pipeline import Pipeline
-    from pipetrain.models.gpt_tp import gpt_sequence_parallel_plan, gpt_tensor_parallel_plan
+    from pipetrain.models.gpt_tp import gpt_plan
 
     config = dict(config)
     sequence = config.pop("sequence_parallel", False)  # a test's choice of plan
-    plan = gpt_sequence_parallel_plan if sequence else gpt_tensor_parallel_plan
-    if config.get("tensor_parallel", 1) == 1:
-        plan = None
+    plan = gpt_plan(sequence) if config.get("tensor_parallel", 1) > 1 else None
     return Pipeline(gpt_layer_factories(GPT, seed=3), loss_fn=gpt_loss, optimizer=sgd,
                     ties=gpt_ties(GPT), config=PipelineConfig(clip_grad_norm=GPT_CLIP, **config),
                     context=ctx, mesh=mesh, tensor_parallel_plan=plan)
