@@ -281,7 +281,7 @@ def test_the_command_runs_a_case_and_writes_its_result(
 
 
 _MODULES = ["registry", "run_info", "docs", "case", "suite", "harness.output", "harness.stats",
-            "vs_torch.options", "vs_torch.tables", "vs_torch.costs", "vs_torch.runners", "vs_torch.mlp",
+            "vs_torch.options", "vs_torch.tables", "vs_torch.costs", "vs_torch.runners", "vs_torch.plain",
             "gpipe_runs", "cases.planner_speed", "cases.async_convergence",
             "cases.planner_vs_pipedream", "plots"]
 

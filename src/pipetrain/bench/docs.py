@@ -28,7 +28,7 @@ from typing import Any
 
 from pipetrain.bench.case import Table
 
-__all__ = ["PLOTS", "block_text", "load_results", "main", "markers", "plots_text", "provenance",
+__all__ = ["PLOTS", "block_text", "grouped_warnings", "load_results", "main", "markers", "plots_text", "provenance",
            "regenerate"]
 
 _MARKER = re.compile(r"^<!-- bench:(?P<name>[\w-]+)(?:/(?P<key>[\w-]+))?:begin -->$",
@@ -65,6 +65,33 @@ def _gib(value: Any) -> str:
     return "? GiB" if not value else f"{value / 2**30:.0f} GiB"
 
 
+_SPREAD = re.compile(r"^(?P<label>.+): repetitions disagree \(spread (?P<spread>\d+%) of the "
+                     r"median [^,]+, (?P<n>\d+) values; more than (?P<tol>\d+%)\)$")
+
+
+def grouped_warnings(warnings: Sequence[str]) -> list[str]:
+    """``warnings`` with those about repetitions that disagree in one sentence (their
+    labels and spreads), after the others; the record keeps each one whole.
+
+    Example:
+        >>> grouped_warnings([
+        ...     "a: repetitions disagree (spread 20% of the median 0.11, 25 values; more than 10%)",
+        ...     "b: repetitions disagree (spread 15% of the median 1.2, 25 values; more than 10%)",
+        ...     "after the case: load average 3.5 above the 2 cores"])
+        ['after the case: load average 3.5 above the 2 cores', 'repetitions spread more than 10% of their median (25 values each) for a 20%, b 15%']
+    """
+    spread = [m for w in warnings if (m := _SPREAD.match(w))]
+    if len(spread) < 2:
+        return list(warnings)
+    others = [w for w in warnings if not _SPREAD.match(w)]
+    tolerances = {m["tol"] for m in spread}
+    counts = sorted({m["n"] for m in spread}, key=int)
+    each = f"{counts[0]} values each" if len(counts) == 1 else f"{'-'.join((counts[0], counts[-1]))} values"
+    tol = tolerances.pop() if len(tolerances) == 1 else "the tolerance"
+    return [*others, f"repetitions spread more than {tol} of their median ({each}) for "
+                     + ", ".join(f"{m['label']} {m['spread']}" for m in spread)]
+
+
 def provenance(record: Mapping[str, Any]) -> str:
     """The line that says which run produced a case's tables: date, machine (with the
     load average before and after the case), versions, command, size, wall time; then
@@ -89,7 +116,7 @@ def provenance(record: Mapping[str, Any]) -> str:
     before, after = machine.get("load_average_before"), machine.get("load_average_after")
     load = ("" if not before or not after else
             f", load average {before[0]:.1f} before and {after[0]:.1f} after")
-    warnings = "".join(f" Warning: {w}." for w in record.get("warnings") or [])
+    warnings = "".join(f" Warning: {w}." for w in grouped_warnings(record.get("warnings") or []))
     versions = meta.get("versions", {})
     named = [f"{'Python' if name == 'python' else name} {version}"
              for name, version in versions.items() if version]

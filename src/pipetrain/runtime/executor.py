@@ -153,8 +153,8 @@ class RankExecutor:
         self.current: tuple[Action, float] | None = None
         """The action running now and when it began (``time.monotonic``); after a failure,
         the action that failed (see :func:`pipetrain.runtime.rank_report.rank_report`)."""
-        self.recent: deque[str] = deque(maxlen=8)
-        """The last actions completed, oldest first."""
+        self.recent: deque[Action] = deque(maxlen=8)
+        """The last actions completed, oldest first (named only when reported)."""
 
     # -- helpers ----------------------------------------------------------------------
     def _local(self, stage: int, microbatch: int) -> bool:
@@ -248,7 +248,7 @@ class RankExecutor:
                 if hasattr(error, "add_note") and not any(n.startswith(_NOTE) for n in notes):
                     error.add_note(self._describe_failure(action))
                 raise
-            self.recent.append(str(action))
+            self.recent.append(action)
             if record is not None:
                 record.append(TimedAction(self.rank, action, start - origin, clock() - origin))
         self.current = None

@@ -59,7 +59,8 @@ def rank_report(executor: Any, *, step: int | None = None) -> dict[str, Any]:
     """
     current = executor.current
     report: dict[str, Any] = {"rank": executor.rank, "step": step, "action": None,
-                              "seconds": None, "waits_for": None, "done": list(executor.recent)}
+                              "seconds": None, "waits_for": None,
+                              "done": [str(a) for a in list(executor.recent)]}
     if current is not None:
         action, since = current
         report.update(action=str(action), seconds=round(time.monotonic() - since, 1),

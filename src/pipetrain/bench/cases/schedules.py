@@ -97,7 +97,7 @@ def analyse(raw: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     from pipetrain.bench.vs_torch.analysis import runner_rows
 
     measured_m = MICROBATCHES_PER_RANK * 2
-    rows = runner_rows(raw["runners"], raw["gathered"], {}, measured_m)
+    rows = runner_rows(raw["runners"], raw["gathered"], lambda info: None, measured_m)
     models: dict[str, Any] = {}
     for spec in sizes.specs:
         costs = ModelCosts.from_dict(raw["profiles"][spec.name])

@@ -6,14 +6,15 @@ For every timed step both ranks' actions are put on one time axis
 from the costs measured in the same step (``simulate(schedule, measure_step(...)
 .mean_costs)``), also with the time the sends took on the sender added to the compute
 before them (the simulator counts a send as free). :func:`runner_rows` adds each
-runner's step times, CPU use and its *ideal* step (its order simulated with costs
-measured in isolation); :func:`compare` groups the rows by schedule with the ratios.
+runner's step times, CPU use and its *ideal* step (its order simulated with the costs it
+is given, e.g. those of plain autograd running the order: :mod:`.plain`); :func:`compare`
+groups the rows by schedule with the ratios.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pipetrain.bench.harness import median, step_times, summary
@@ -131,11 +132,11 @@ def _torch_schedule(label: str, info: Mapping[str, Any], gathered: Sequence[Any]
 
 
 def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any],
-                isolated: Mapping[int, Mapping[str, Sequence[float]]],
+                ideal_costs: Callable[[Mapping[str, Any]], Mapping[str, Sequence[float]] | None],
                 microbatches: int) -> dict[str, dict[str, Any]]:
-    """One row per runner: step times, CPU, timeline analysis, ideal step (``isolated``:
-    per-stage costs by number of stages; ``gathered``: every rank's ``samples``,
-    ``records`` and ``scale_seconds``)."""
+    """One row per runner: step times, CPU, timeline analysis, ideal step (``ideal_costs``:
+    the per-stage costs of a runner's ideal, from what :func:`time_runners` says it ran;
+    ``gathered``: every rank's ``samples``, ``records`` and ``scale_seconds``)."""
     rows: dict[str, dict[str, Any]] = {}
     samples = [g["samples"] for g in gathered]
     for label, info in runners.items():
@@ -160,7 +161,7 @@ def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any
             if info["framework"] == "torch":
                 row["scale_grads_s"] = median([max(g["scale_seconds"][label][k] for g in gathered)
                                                for k in range(len(times))])
-        costs = isolated.get(info["num_stages"])
+        costs = ideal_costs(info)
         if schedule is not None and costs is not None:
             row.update(ideal(schedule, costs))
             row["over_ideal"] = row["median_s"] / row["ideal_s"] - 1.0

@@ -3,22 +3,27 @@
 ``depth`` x [Linear(width, width) + GELU] (each pair one layer, from pipetrain's seeded
 layer factories, so both frameworks start from the same weights), batch split into
 micro-batches, MSE loss against a fixed target, SGD; 2 ranks x 1 thread. The ideal step
-uses per-stage costs measured with both ranks computing at once, no communication, before
-and after the timed steps (each cost the faster of its two measurements)."""
+of each schedule uses the per-stage costs of plain autograd running its order in the same
+timed loop (:class:`~pipetrain.bench.vs_torch.plain.PlainOrder`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from pipetrain.bench.harness import foreign_load, gather_objects
+from pipetrain.bench.harness import foreign_load
 from pipetrain.bench.vs_torch.analysis import compare, runner_rows
-from pipetrain.bench.vs_torch.costs import measure_costs, merge_costs
 from pipetrain.bench.vs_torch.options import Options
-from pipetrain.bench.vs_torch.runners import PipetrainRunner, TorchRunner, placement, stage_ranges
+from pipetrain.bench.vs_torch.plain import (
+    PlainOrder,
+    beside_pipelines,
+    gather_plain_costs,
+    order_costs,
+)
+from pipetrain.bench.vs_torch.runners import PipetrainRunner, TorchRunner
 from pipetrain.bench.vs_torch.session import build_runners, first_losses, time_runners
 
-__all__ = ["LR", "analyse_mlp", "faster", "mlp_worker"]
+__all__ = ["LR", "analyse_mlp", "mlp_worker"]
 
 LR = 0.01
 
@@ -27,49 +32,6 @@ def _sgd(params: Any) -> Any:
     import torch
 
     return torch.optim.SGD(params, lr=LR)
-
-
-def _isolated(factories: Sequence[Any], num_stages: int, opts: Options) -> dict[str, Any]:
-    """Per-stage costs of this rank's stages, both ranks at once (no pipeline)."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    rank = dist.get_rank()
-    ranges = stage_ranges(len(factories), num_stages)
-    mb = opts.batch // opts.microbatches
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(mb, opts.width, generator=gen)
-    t = torch.randn(mb, opts.width, generator=gen)
-    out: dict[str, Any] = {"forward": {}, "backward": {}, "step": {}}
-    stage_to_rank = placement("loop", num_stages)
-    for j in range(num_stages):
-        if stage_to_rank[j] != rank:
-            continue
-        last = j == num_stages - 1
-        def batch(j: int = j) -> tuple[Any, Any]:
-            return x.clone().requires_grad_(j > 0), t
-
-        costs = measure_costs(
-            nn.Sequential(*(factories[i]() for i in ranges[j])), batch,
-            loss_fn=torch.nn.functional.mse_loss if last else None, optimizer=_sgd,
-            microbatches=opts.microbatches,
-            rounds=max(1, opts.isolated_repeats // opts.microbatches))
-        for name, value in costs.items():
-            out[name][j] = value
-    return out
-
-
-def faster(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]
-           ) -> dict[str, dict[int, float]]:
-    """Each cost of two measurements of the same costs, the smaller.
-
-    Example:
-        >>> faster({"forward": {0: 2.0}}, {"forward": {0: 1.5}})
-        {'forward': {0: 1.5}}
-    """
-    return {name: {j: min(value, b[name][j]) for j, value in by_stage.items()}
-            for name, by_stage in a.items()}
 
 
 def _reference_losses(factories: Sequence[Any], pool: Sequence[Any], target: Any) -> list[float]:
@@ -113,34 +75,28 @@ def mlp_worker(ctx: Any, opts: Options) -> dict[str, Any]:
                                               timeout=opts.torch_timeout))
     losses = first_losses(runners, batch, failures)
     reference = _reference_losses(factories, pool, target)
-    counts = sorted({r.num_stages for r in runners})
-
-    def isolated_costs() -> dict[int, list[dict[str, Any]]]:
-        found = {}
-        for num_stages in counts:
-            dist.barrier()
-            found[num_stages] = gather_objects(_isolated(factories, num_stages, opts))
-        return found
-
-    before = isolated_costs()
-    gathered, info = time_runners(runners, batch, reps=opts.reps, warmup=opts.warmup,
+    timed, plains = beside_pipelines(runners, lambda r: PlainOrder(
+        r.pipe.schedule(opts.microbatches), factories, rank=dist.get_rank(),
+        loss_fn=torch.nn.functional.mse_loss, optimizer=_sgd, example=pool[0]))
+    gathered, info = time_runners(timed, batch, reps=opts.reps, warmup=opts.warmup,
                                   microbatches=opts.microbatches)
-    # measured again after the timing: the ideal takes each cost's faster measurement, so
-    # that a moment of disturbance in one of them does not raise the yardstick
-    isolated = {n: [faster(a, b) for a, b in zip(before[n], after)]
-                for n, after in isolated_costs().items()}
+    plain = gather_plain_costs(plains)
     if dist.get_rank() != 0:
         return {}
     return {"runners": info, "gathered": gathered, "failures": failures,
-            "first_losses": losses, "reference_losses": reference, "isolated": isolated}
+            "first_losses": losses, "reference_losses": reference, "plain": plain}
 
 
 def analyse_mlp(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     """The report's figures from what the ranks gathered (in the parent)."""
-    isolated = {n: merge_costs(per_rank, n) for n, per_rank in raw["isolated"].items()}
-    rows = runner_rows(raw["runners"], raw["gathered"], isolated, opts.microbatches)
+    plain = raw["plain"]
+    runners = {label: info for label, info in raw["runners"].items()
+               if info["framework"] != "plain"}
+    rows = runner_rows(runners, raw["gathered"],
+                       lambda info: order_costs(plain, info["schedule"], info["stage_to_rank"]),
+                       opts.microbatches)
     return {"schedules": compare(rows, opts.schedules, raw["failures"], raw["first_losses"],
                                  raw["reference_losses"]),
             "reference_losses": raw["reference_losses"],
             "load_during_timing": foreign_load([g["cpu_window"] for g in raw["gathered"]]),
-            "isolated_costs_s": {str(n): c for n, c in isolated.items()}}
+            "plain_costs_s": plain}

@@ -34,8 +34,6 @@ class Options:
     microbatches: int = 8
     gpt_reps: int = 25
     gpt_warmup: int = 5
-    isolated_repeats: int = 48
-    """Micro-batches timed per stage for the isolated costs of part 1."""
     tf_blocks: int = 8
     tf_width: int = 256
     tf_heads: int = 8

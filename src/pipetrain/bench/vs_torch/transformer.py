@@ -10,14 +10,15 @@ settings: :data:`~pipetrain.bench.vs_torch.runners.TORCH_SETTINGS`), and the who
 in ONE process on the full batch with 2 intra-op threads, as many as the pipeline's two
 ranks have in all (rank 0; rank 1 idles), its gradients kept between steps too.
 
-The yardstick (the *ideal*): every layer's forward, backward and optimizer step measured
-on a micro-batch in one process alone (rank 0, rank 1 waiting), summed per stage, and
-each framework's action order simulated with those costs: the step with no contention
-between the ranks, no communication and no overhead. ``tf_balance=None`` cuts the
-layers where that ideal 1F1B step is shortest (both frameworks get the cut); schedules
-with 2 stages per rank get the 4-stage cut that evens out forward + backward. The same
-per-stage costs measured with both ranks computing at once give the *contended* ideal:
-what two processes sharing the machine's caches and memory cost each other.
+The yardstick (the *ideal*): each pipetrain schedule's own order run with plain autograd
+in the same timed loop (:class:`~pipetrain.bench.vs_torch.plain.PlainOrder`: both ranks
+computing, no communication), its per-stage costs simulated in each runner's order. Two
+more columns take it apart: every layer's costs measured on a micro-batch in one process
+alone (rank 0, rank 1 waiting), summed per stage (no contention between the ranks), and
+the 2-stage costs measured with both ranks computing at once before the timed loop
+(*contended*). ``tf_balance=None`` cuts the layers where the one-process 1F1B step is
+shortest (both frameworks get the cut); schedules with 2 stages per rank get the 4-stage
+cut that evens out forward + backward.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from pipetrain.bench.harness import foreign_load, gather_objects, median, step_t
 from pipetrain.bench.vs_torch.analysis import compare, runner_rows
 from pipetrain.bench.vs_torch.costs import ideal, measure_costs, stage_costs_from_layers
 from pipetrain.bench.vs_torch.options import Options
+from pipetrain.bench.vs_torch.plain import (
+    PlainOrder,
+    beside_pipelines,
+    gather_plain_costs,
+    order_costs,
+)
 from pipetrain.bench.vs_torch.runners import (
     WORLD_SIZE,
     PipetrainRunner,
@@ -224,13 +231,17 @@ def transformer_worker(ctx: Any, opts: Options) -> dict[str, Any]:
     single: Any = _Single(factories, threads=WORLD_SIZE) if rank == 0 else _Absent()
     if rank == 0:
         losses["single"] = [single.step(*batches(k)) for k in range(2)]
-    gathered, info = time_runners([*runners, single], batches, reps=opts.tf_reps,
+    timed, plains = beside_pipelines(runners, lambda r: PlainOrder(
+        r.pipe.schedule(M), factories, rank=rank, loss_fn=gpt_loss, optimizer=_adamw,
+        example=batches(0)[0], balance=cut(r.schedule_name)))
+    gathered, info = time_runners([*timed, single], batches, reps=opts.tf_reps,
                                   warmup=opts.tf_warmup, microbatches=M)
+    plain = gather_plain_costs(plains)
     if rank != 0:
         return {}
     return {"runners": info, "gathered": gathered, "failures": failures, "first_losses": losses,
             "layer_costs": layers, "balance": balance, "balances": balances,
-            "contended": contended,
+            "contended": contended, "plain": plain,
             "single_isolated_s": single_isolated}
 
 
@@ -246,12 +257,20 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     contended = {name: [raw["contended"][j][name] for j in range(2)]
                  for name in ("forward", "backward", "step")}
     gathered = raw["gathered"]
-    runners = {label: info for label, info in raw["runners"].items() if label != "single"}
-    rows = runner_rows(runners, gathered, isolated, opts.tf_microbatches)
-    contended_rows = runner_rows(runners, gathered, {2: contended}, opts.tf_microbatches)
-    for label, row in rows.items():
-        if "ideal_s" in contended_rows[label]:
-            row["ideal_contended_s"] = contended_rows[label]["ideal_s"]
+    runners = {label: info for label, info in raw["runners"].items()
+               if label != "single" and info["framework"] != "plain"}
+    plain = raw["plain"]
+    rows = runner_rows(runners, gathered,
+                       lambda info: order_costs(plain, info["schedule"], info["stage_to_rank"]),
+                       opts.tf_microbatches)
+    for key, by_stages in (("ideal_one_process_s", isolated), ("ideal_contended_s", {2: contended})):
+        def stage_costs(info: Any, d: Any = by_stages) -> Any:
+            return d.get(info["num_stages"])
+
+        other = runner_rows(runners, gathered, stage_costs, opts.tf_microbatches)
+        for label, row in rows.items():
+            if "ideal_s" in other[label]:
+                row[key] = other[label]["ideal_s"]
     single_times = step_times([g["samples"] for g in gathered], "single")
     single = {**summary(single_times), "threads": WORLD_SIZE}
     losses = raw["first_losses"]
@@ -293,6 +312,7 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
         "layer_costs_s": raw["layer_costs"],
         "stage_costs_one_process_s": one_process,
         "stage_costs_contended_s": contended,
+        "plain_costs_s": plain,
         "load_during_timing": foreign_load([g["cpu_window"] for g in gathered]),
         "median_single_s": median(single_times),
         "single_step_s": single_times,
