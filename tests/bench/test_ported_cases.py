@@ -32,8 +32,8 @@ from pipetrain.plan.topology import Topology
 def test_the_declared_quick_durations_fit_the_five_minute_budget() -> None:
     cases = [registry.load_case(name) for name in registry.case_names()]
     assert sum(c.quick_seconds for c in cases) < 300
-    # the declared full durations: each case's last measured full run, rounded up (77 min)
-    assert sum(c.full_seconds for c in cases) < 80 * 60
+    # the declared full durations: each case's last measured full run, rounded up (82 min)
+    assert sum(c.full_seconds for c in cases) < 90 * 60
 
 
 def test_quick_sizes_keep_every_schedule_and_runner() -> None:

@@ -265,4 +265,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 CASE = Case(name="gpipe_table2",
             title="GPipe Table 2: throughput vs partitions K and micro-batches M (GPT, ResNet)",
-            run=run, draw=draw, quick_seconds=10, full_seconds=110)
+            run=run, draw=draw, quick_seconds=10, full_seconds=130)
