@@ -133,10 +133,14 @@ def _torch_schedule(label: str, info: Mapping[str, Any], gathered: Sequence[Any]
 
 def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any],
                 ideal_costs: Callable[[Mapping[str, Any]], Mapping[str, Sequence[float]] | None],
-                microbatches: int) -> dict[str, dict[str, Any]]:
+                microbatches: int, *,
+                other_ideals: Mapping[str, Callable[[Mapping[str, Any]],
+                                                    Mapping[str, Sequence[float]] | None]]
+                | None = None) -> dict[str, dict[str, Any]]:
     """One row per runner: step times, CPU, timeline analysis, ideal step (``ideal_costs``:
     the per-stage costs of a runner's ideal, from what :func:`time_runners` says it ran;
-    ``gathered``: every rank's ``samples``, ``records`` and ``scale_seconds``)."""
+    ``gathered``: every rank's ``samples``, ``records`` and ``scale_seconds``;
+    ``other_ideals``: more yardsticks, each row's ideal step under them by key)."""
     rows: dict[str, dict[str, Any]] = {}
     samples = [g["samples"] for g in gathered]
     for label, info in runners.items():
@@ -166,6 +170,10 @@ def runner_rows(runners: Mapping[str, Mapping[str, Any]], gathered: Sequence[Any
             row.update(ideal(schedule, costs))
             row["over_ideal"] = row["median_s"] / row["ideal_s"] - 1.0
             row["over_floor"] = row["median_s"] / row["floor_s"] - 1.0
+        for key, costs_of in (other_ideals or {}).items():
+            other = costs_of(info)
+            if schedule is not None and other is not None:
+                row[key] = ideal(schedule, other)["ideal_s"]
         rows[label] = row
     return rows
 

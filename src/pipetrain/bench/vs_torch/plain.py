@@ -62,7 +62,8 @@ class PlainOrder:
             for j, r in enumerate(ranges[:max(local) + 1]):
                 self.inputs[j] = h
                 if j < max(local):
-                    h = nn.Sequential(*(factories[i]() for i in r))(h)
+                    h = (self.modules[j] if j in self.modules
+                         else nn.Sequential(*(factories[i]() for i in r)))(h)
         self._now: dict[str, dict[int, list[float]]] = {}
         self._steps: list[dict[str, dict[int, list[float]]]] = []
 

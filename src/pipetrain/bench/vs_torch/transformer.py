@@ -260,17 +260,12 @@ def analyse_transformer(raw: dict[str, Any], opts: Options) -> dict[str, Any]:
     runners = {label: info for label, info in raw["runners"].items()
                if label != "single" and info["framework"] != "plain"}
     plain = raw["plain"]
-    rows = runner_rows(runners, gathered,
-                       lambda info: order_costs(plain, info["schedule"], info["stage_to_rank"]),
-                       opts.tf_microbatches)
-    for key, by_stages in (("ideal_one_process_s", isolated), ("ideal_contended_s", {2: contended})):
-        def stage_costs(info: Any, d: Any = by_stages) -> Any:
-            return d.get(info["num_stages"])
-
-        other = runner_rows(runners, gathered, stage_costs, opts.tf_microbatches)
-        for label, row in rows.items():
-            if "ideal_s" in other[label]:
-                row[key] = other[label]["ideal_s"]
+    rows = runner_rows(
+        runners, gathered,
+        lambda info: order_costs(plain, info["schedule"], info["stage_to_rank"]),
+        opts.tf_microbatches,
+        other_ideals={"ideal_one_process_s": lambda info: isolated.get(info["num_stages"]),
+                      "ideal_contended_s": lambda info: {2: contended}.get(info["num_stages"])})
     single_times = step_times([g["samples"] for g in gathered], "single")
     single = {**summary(single_times), "threads": WORLD_SIZE}
     losses = raw["first_losses"]
