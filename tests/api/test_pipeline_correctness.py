@@ -110,6 +110,22 @@ def test_every_schedule_and_checkpoint_mode_matches_single_process(
     _check(results, configs, mlp_reference(3, batch))
 
 
+def test_clipping_by_the_global_norm_counts_every_stage() -> None:
+    """Without ties or replicas a stage's gradient norm is taken at its REDUCE, the rest
+    at the step: the clipped weights still equal plain training's, on one stage and two
+    per rank."""
+    clip = 0.05  # below every step's norm: each step is clipped
+    configs = [
+        {"schedule": schedule, "num_stages": 2, "num_microbatches": 5, "clip_grad_norm": clip,
+         "stages_per_rank": per_rank}
+        for schedule, per_rank in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2))
+    ]
+    results = run_workers(mlp_job, 2, configs, 3, 11, timeout=300)
+    reference = mlp_reference(3, 11, clip=clip)
+    assert reference[1][1:] != mlp_reference(3, 11)[1][1:]  # the clip changes the training
+    _check(results, configs, reference)
+
+
 def test_replicas_ties_and_changing_sequence_length_match_single_process() -> None:
     """D=2 replicas x K=2 stages, tied embeddings across the first and last stage,
     global gradient clipping, a sequence length that changes every step."""

@@ -44,9 +44,9 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
-def mlp_reference(steps: int, batch: int) -> tuple[Params, list[float]]:
+def mlp_reference(steps: int, batch: int, clip: float | None = None) -> tuple[Params, list[float]]:
     model = build_mlp(width=MLP_WIDTH, depth=MLP_DEPTH, activation="gelu", seed=0)
-    return _train_reference(model, mlp_batches(steps, batch), F.mse_loss, clip=None)
+    return _train_reference(model, mlp_batches(steps, batch), F.mse_loss, clip=clip)
 
 
 def _train_reference(model: nn.Module, batches: list[Any], loss_fn: Callable[..., torch.Tensor],

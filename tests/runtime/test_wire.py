@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -14,7 +16,6 @@ from pipetrain.runtime.wire import (
     decode,
     encode,
     encode_notice,
-    read_prefix,
 )
 
 
@@ -68,8 +69,7 @@ def test_every_dtype_shape_and_grad_flag_survives_both_routes() -> None:
 
 def test_notices_and_corrupt_headers() -> None:
     notice = encode_notice(tag=1, microbatch=2, total=12345)
-    assert read_prefix(notice) == (KIND_LARGE, 12345)
-    assert decode(notice).kind == KIND_LARGE
+    assert (decode(notice).kind, decode(notice).total) == (KIND_LARGE, 12345)
     header = encode(torch.ones(2), tag=0, microbatch=0).header
     header[0] ^= 0xFF
     with pytest.raises(RuntimeError, match="corrupt pipeline message"):
@@ -95,3 +95,25 @@ def test_an_empty_device_tensor_is_announced_but_carries_no_bytes() -> None:
     assert (header.apart[0].nbytes, header.apart[0].shape) == (0, (0, 4))
     got = header.value([torch.empty(0, dtype=torch.uint8)])
     assert got[0].shape == (0, 4) and torch.equal(got[1], torch.ones(2))
+
+
+def test_a_small_header_in_a_large_buffer_gives_copies_a_full_one_views() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    value = (x * 2, torch.arange(6).view(2, 3), None, torch.tensor(True), torch.randn(2).to(torch.bfloat16))
+    header = encode(value, tag=0, microbatch=0).header
+    received = torch.zeros(header.numel() * 8, dtype=torch.uint8)  # a pre-posted buffer
+    received[: header.numel()] = header
+    start, stop = received.data_ptr(), received.data_ptr() + received.numel()
+    for capacity, shares in ((received.numel(), False), (None, True)):
+        got = decode(received, capacity=capacity).value()
+        assert isinstance(got, tuple) and got[2] is None
+        for have, want in zip(got, value):
+            if want is None:
+                continue
+            assert have.dtype == want.dtype and have.shape == want.shape
+            assert torch.equal(have, want.detach()) and have.requires_grad == want.requires_grad
+            assert (start <= have.data_ptr() < stop) == shares
+    views = decode(received).value()
+    del received, header
+    gc.collect()  # the views keep the buffer they read from
+    assert torch.equal(views[0], value[0].detach()) and torch.equal(views[4], value[4])

@@ -25,6 +25,7 @@ __all__ = [
     "check_gradients",
     "clip_local_gradients",
     "loss_sum",
+    "squared_norm",
 ]
 
 NONFINITE_POLICIES = ("error", "skip", "ignore")
@@ -81,9 +82,9 @@ class GradCheck:
         return self.loss_finite and math.isfinite(self.grad_norm)
 
 
-def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
-                  tensor_parallel: int = 1) -> torch.Tensor:
-    """Sum of the squared gradients: each gradient's norm in its own precision (float32
+def squared_norm(params: Iterable[nn.Parameter], device: torch.device,
+                 tensor_parallel: int = 1) -> torch.Tensor:
+    """Sum of the squared gradients (float64, on ``device``): each gradient's norm in its own precision (float32
     at least), the squares added up in float64, so that the result does not depend on
     the layout (a run resharded to another number of stages clips as before).
 
@@ -93,6 +94,11 @@ def _squared_norm(params: Iterable[nn.Parameter], device: torch.device,
     ``inf`` where a gradient's sum of squares passes float32's range (3.4e38; e.g. a
     million elements near 2e16); such a step counts as non-finite, as a diverged one
     should.
+
+    Example:
+        >>> p = nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([3.0, 4.0])
+        >>> float(squared_norm([p], torch.device("cpu")))
+        25.0
     """
     from pipetrain.api.tensor_parallel import local_tensor, tensor_parallel_copies
 
@@ -150,6 +156,7 @@ def check_gradients(
     group: dist.ProcessGroup | None = None,
     loss_sum: float | torch.Tensor = 0.0,
     tensor_parallel: int = 1,
+    known_squares: float | torch.Tensor = 0.0,
 ) -> GradCheck:
     """The global gradient norm and loss finiteness of a step (every rank of ``group`` calls it).
 
@@ -161,6 +168,9 @@ def check_gradients(
     With ``tensor_parallel > 1`` a gradient that every rank of a ``tp`` group holds whole
     is divided among them, a sharded one counts its shard (see
     :func:`~pipetrain.api.tensor_parallel.tensor_parallel_copies`).
+    ``known_squares`` is the squared norm of this rank's other gradients, added up
+    earlier (:func:`squared_norm` of the stages whose gradients were final before the
+    step; already divided by their replicas).
 
     Example (one process)::
 
@@ -170,7 +180,8 @@ def check_gradients(
     """
     flag = torch.tensor(0.0 if loss_finite else 1.0, dtype=torch.float64, device=device)
     losses = torch.as_tensor(loss_sum, dtype=torch.float64).to(device)
-    values = torch.stack([_squared_norm(params, device, tensor_parallel) / replicas, flag, losses])
+    squares = squared_norm(params, device, tensor_parallel) / replicas + known_squares
+    values = torch.stack([squares, flag, losses])
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(values, group=group)
     squared, bad_losses, total = (float(v) for v in values.cpu())

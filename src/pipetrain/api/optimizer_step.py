@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipetrain.api.grad_check import GradCheck, check_gradients, clip_local_gradients
+from pipetrain.api.grad_check import GradCheck, check_gradients, clip_local_gradients, squared_norm
 from pipetrain.api.tensor_parallel import local_tensor
 from pipetrain.runtime.precision import LossScaler
 
@@ -122,6 +122,14 @@ class StageOptimizers:
         """Whether the last step was skipped for a gradient overflow under fp16 loss
         scaling (every loss finite)."""
         self._pending: dict[int, _Pending] = {}
+        self._squares: dict[int, torch.Tensor] = {}
+        """Per stage whose gradients were final at its ``REDUCE``, their squared norm."""
+        seen: dict[int, int] = {}
+        for ps in self.stage_params.values():
+            for key in {id(p) for p in ps}:
+                seen[key] = seen.get(key, 0) + 1
+        self._alone = {j for j, ps in self.stage_params.items() if all(seen[id(p)] == 1 for p in ps)}
+        """Stages that share no parameter with another stage of this rank."""
         self._flats: dict[int, torch.Tensor] = {}
         """Per replicated stage, the buffer its gradients are all-reduced in."""
         self._stepped = False
@@ -148,6 +156,7 @@ class StageOptimizers:
     def begin_step(self) -> None:
         """Reset the per-step state (call before running a step's actions)."""
         self._pending.clear()
+        self._squares.clear()
         self._stepped = False
         self._apply = True
         self.overflowed = False
@@ -171,6 +180,11 @@ class StageOptimizers:
             pending.works.append(dist.all_reduce(local_tensor(tie.param.grad), group=tie.group,
                                                  async_op=True))
         self._pending[stage] = pending
+        if self._checks() and stage in self._alone and self.dp_size == 1 and not self.ties \
+                and not self.sharded and self.tensor_parallel == 1:
+            # the gradients are final: their norm now, off the step's critical path where
+            # a bubble follows, and while they are still in cache
+            self._squares[stage] = squared_norm(self.stage_params[stage], self.scalar_device)
 
     def _flat_gradients(self, stage: int, params: list[nn.Parameter]) -> torch.Tensor:
         """The stage's gradients in one tensor, for one all-reduce. The buffer is kept
@@ -211,10 +225,17 @@ class StageOptimizers:
         unique = {id(p): p for params in self.stage_params.values() for p in params}
         return [p for key, p in unique.items() if key not in tied_elsewhere]
 
+    def _checks(self) -> bool:
+        """Whether the step is checked (clipping, the non-finite guard or loss scaling)."""
+        return self.clip_grad_norm is not None or self.nonfinite != "ignore" or self.scaler is not None
+
     def _check(self) -> None:
-        if self.clip_grad_norm is None and self.nonfinite == "ignore" and self.scaler is None:
+        if not self._checks():
             return
-        check = check_gradients(self._own_params(), loss_finite=self.losses_finite(),
+        counted = {id(p) for j in self._squares for p in self.stage_params[j]}
+        known = sum(self._squares.values(), torch.zeros((), dtype=torch.float64, device=self.scalar_device))
+        check = check_gradients([p for p in self._own_params() if id(p) not in counted],
+                                loss_finite=self.losses_finite(), known_squares=known,
                                 replicas=1 if self.sharded else self.dp_size,
                                 device=self.scalar_device,
                                 group=self.check_group, loss_sum=self.loss_sum(),

@@ -222,22 +222,27 @@ class DistTransport:
             if self.mailbox.error is not None:
                 raise self.mailbox.error
             try:
-                advanced = link.advance()
+                message = link.next()
             except PipelineError:
                 raise
             except Exception as error:
                 raise self._fail(error, src) from error
-            if not advanced:
+            if message is None:
                 raise PipelineError(
                     f"the {channel.kind}s of micro-batch {microbatch} on channel {channel} were "
                     "never announced with expect(): the action list and the transport disagree"
                 )
+            tag, arrived, arrival = message
+            if tag == channel.tag and arrived == microbatch:
+                return arrival  # the one asked for: past the mailbox
+            self._deliver(tag, arrived, arrival)
 
     def recv(self, channel: Channel, microbatch: int) -> Any:
         arrival = self._arrival(channel, microbatch)
-        for work, timeout in arrival.works:
-            self._wait(work, timeout, arrival.src)
-        self.streams.arrived(arrival.buffers)
+        if arrival.works:
+            for work, timeout in arrival.works:
+                self._wait(work, timeout, arrival.src)
+            self.streams.arrived(arrival.buffers)
         return arrival.header.value(arrival.buffers)
 
     # -- sending ------------------------------------------------------------------------
@@ -250,22 +255,23 @@ class DistTransport:
         encoded = encode(value, tag=channel.tag, microbatch=microbatch,
                          device_type=self.device.type, inline_limit=self.inline_limit)
         header = encoded.header
-        data_group = self._data_group(self.rank, dst)
         tensors = [header] + [t for _, t in encoded.apart]
-        with self.streams.sending(t for _, t in encoded.apart):
-            works = []
-            if header.numel() > self.capacity:
-                notice = encode_notice(tag=channel.tag, microbatch=microbatch, total=header.numel())
-                tensors.append(notice)
-                works.append(dist.isend(notice, dst=dst, group=self.group, tag=TAG_HEADER))
-                works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_OVERFLOW))
-            else:
-                works.append(dist.isend(header, dst=dst, group=self.group, tag=TAG_HEADER))
-            timed: list[tuple[Any, datetime.timedelta | None]] = [(w, self._wait_timeout) for w in works]
-            ops = [dist.P2POp(dist.isend, t, dst, data_group if route == DEVICE else self.group, TAG_DATA)
-                   for route, t in encoded.apart if t.numel()]  # an empty tensor is not sent
-            if ops:
-                timed.extend((w, self._timeout_of(g)) for w, g in post_batch(ops))
+        if header.numel() > self.capacity:
+            notice = encode_notice(tag=channel.tag, microbatch=microbatch, total=header.numel())
+            tensors.append(notice)
+            works = [dist.isend(notice, dst=dst, group=self.group, tag=TAG_HEADER),
+                     dist.isend(header, dst=dst, group=self.group, tag=TAG_OVERFLOW)]
+        else:
+            works = [dist.isend(header, dst=dst, group=self.group, tag=TAG_HEADER)]
+        timed: list[tuple[Any, datetime.timedelta | None]] = [(w, self._wait_timeout) for w in works]
+        if encoded.apart:  # everything else travels after the header, on its own route
+            data_group = self._data_group(self.rank, dst)
+            with self.streams.sending(t for _, t in encoded.apart):
+                ops = [dist.P2POp(dist.isend, t, dst, data_group if route == DEVICE else self.group,
+                                  TAG_DATA)
+                       for route, t in encoded.apart if t.numel()]  # an empty tensor is not sent
+                if ops:
+                    timed.extend((w, self._timeout_of(g)) for w, g in post_batch(ops))
         self._sends.add(dst, timed, tensors)
 
     def _raise_failure(self) -> None:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from pipetrain.runtime.comm_stream import CommStream
 from pipetrain.runtime.transport import Placement
-from pipetrain.runtime.wire import DEVICE, KIND_LARGE, Header, decode, read_prefix
+from pipetrain.runtime.wire import DEVICE, KIND_LARGE, Header, decode
 
 __all__ = [
     "TAG_DATA",
@@ -174,19 +174,28 @@ class InboundLink:
     def advance(self) -> bool:
         """Wait for the next header, post its data receives and deliver it; ``False``
         when no header receive is posted."""
+        message = self.next()
+        if message is None:
+            return False
+        self.deliver(*message)
+        return True
+
+    def next(self) -> tuple[int, int, Arrival] | None:
+        """Wait for the next header and post its data receives: ``(channel tag,
+        micro-batch, arrival)``, or ``None`` when no header receive is posted."""
         with self.condition:
             if not self._posted:
-                return False
+                return None
             work, buffer = self._posted.popleft()
         wait_work(work, timeout=self.header_timeout)
-        kind, total = read_prefix(buffer)
-        if kind == KIND_LARGE:
-            buffer = torch.empty(total, dtype=torch.uint8)
+        header = decode(buffer, capacity=self.capacity)
+        if header.kind == KIND_LARGE:
+            buffer = torch.empty(header.total, dtype=torch.uint8)
             large = dist.irecv(buffer, src=self.src, group=self.header_group, tag=TAG_OVERFLOW)
             wait_work(large, timeout=self.header_timeout)
-        elif total * 4 < self.capacity:
-            buffer = buffer[:total].clone()  # do not pin a whole capacity per message
-        header = decode(buffer)
+            header = decode(buffer)
+        if not header.apart:  # everything inline: the usual message on the CPU
+            return header.tag, header.microbatch, Arrival(header, [], [], self.src)
         ops: list[dist.P2POp] = []
         buffers: list[torch.Tensor] = []
         with self.streams.receiving():
@@ -201,8 +210,7 @@ class InboundLink:
             works = post_batch(ops) if ops else []
         timed = [(w, self.header_timeout if g is self.header_group else self.data_timeout)
                  for w, g in works]
-        self.deliver(header.tag, header.microbatch, Arrival(header, timed, buffers, self.src))
-        return True
+        return header.tag, header.microbatch, Arrival(header, timed, buffers, self.src)
 
     def run(self, fail: Callable[[BaseException, int], None]) -> None:
         """Take headers as they are posted until :meth:`close` (a receive thread's body)."""

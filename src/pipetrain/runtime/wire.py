@@ -29,13 +29,13 @@ step to the next.
 from __future__ import annotations
 
 import functools
+import math
 import pickle
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipetrain.nested import flatten, unflatten
@@ -53,7 +53,6 @@ __all__ = [
     "decode",
     "encode",
     "encode_notice",
-    "read_prefix",
 ]
 
 _MAGIC = 0x70697065  # "pipe"
@@ -155,7 +154,7 @@ def _as_bytes(tensor: torch.Tensor, *, to_host: bool) -> torch.Tensor:
     tensor = tensor.detach()
     if to_host:
         tensor = tensor.cpu()
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+    return tensor.reshape(-1).view(torch.uint8)
 
 
 class _Router:
@@ -173,14 +172,39 @@ class _Router:
         nbytes = tensor.numel() * tensor.element_size()
         on_device = tensor.device.type != "cpu" and tensor.device.type == self.device_type
         if not on_device and nbytes <= self.inline_left:
-            offset = self.offset
+            offset = _align(self.offset)
             self.inline.append((offset, tensor))
-            self.offset = _align(offset + nbytes)
+            self.offset = offset + nbytes
             self.inline_left -= nbytes
             return INLINE, offset
         route = DEVICE if on_device or self.device_type == "cpu" else HOST
         self.apart.append((route, _as_bytes(tensor, to_host=not on_device)))
         return route, 0
+
+
+def _meta(value: Any, router: _Router) -> bytes:
+    """The metadata of ``value``, its tensors placed by ``router``."""
+    flat = _flat(value)
+    if flat is not None:
+        form, items = flat
+        parts = [struct.pack("<BI", form, len(items))]
+        for item in items:
+            if item is None:
+                parts.append(_ITEM.pack(0, 0, 0, 0, 0, 0))
+                continue
+            route, offset = router.place(item)
+            parts.append(_ITEM.pack(1, _CODE[item.dtype], item.requires_grad, item.dim(), route, offset))
+            parts.append(struct.pack(f"<{item.dim()}q", *item.shape))
+        return b"".join(parts)
+    leaves, structure = flatten(value)
+    descriptors: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            route, offset = router.place(leaf)
+            descriptors.append(_TensorMeta(leaf.dtype, tuple(leaf.shape), route, offset, leaf.requires_grad))
+        else:
+            descriptors.append(leaf)
+    return bytes([_PICKLE]) + pickle.dumps((structure, descriptors), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def encode(value: Any, *, tag: int, microbatch: int, device_type: str = "cpu",
@@ -189,6 +213,8 @@ def encode(value: Any, *, tag: int, microbatch: int, device_type: str = "cpu",
 
     Host tensors go inline while their bytes add up to at most ``inline_limit``; device
     tensors of type ``device_type`` (the data backend's device) always travel apart.
+    The header is assembled by one ``torch.cat`` (each torch call between two compute
+    actions runs with cold caches: a message's cost is its number of calls).
 
     Example:
         >>> enc = encode({"x": torch.ones(2, 3), "n": 4}, tag=1, microbatch=7)
@@ -201,58 +227,34 @@ def encode(value: Any, *, tag: int, microbatch: int, device_type: str = "cpu",
         ([1], [tensor([0, 1, 2]), None])
     """
     router = _Router(device_type, inline_limit)
-    flat = _flat(value)
-    if flat is not None:
-        form, items = flat
-        parts = [struct.pack("<BI", form, len(items))]
-        for item in items:
-            if item is None:
-                parts.append(_ITEM.pack(0, 0, 0, 0, 0, 0))
-                continue
-            route, offset = router.place(item)
-            parts.append(_ITEM.pack(1, _CODE[item.dtype], item.requires_grad, item.dim(), route, offset))
-            parts.append(struct.pack(f"<{item.dim()}q", *item.shape))
-        meta = b"".join(parts)
-    else:
-        leaves, structure = flatten(value)
-        descriptors: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                route, offset = router.place(leaf)
-                descriptors.append(_TensorMeta(leaf.dtype, tuple(leaf.shape), route, offset, leaf.requires_grad))
-            else:
-                descriptors.append(leaf)
-        meta = bytes([_PICKLE]) + pickle.dumps((structure, descriptors), protocol=pickle.HIGHEST_PROTOCOL)
+    meta = _meta(value, router)
     data_start = _align(PREFIX_BYTES + len(meta))
     total = data_start + router.offset
-    head = _PREFIX.pack(_MAGIC, KIND_DATA, tag, 0, microbatch, len(meta), total) + meta
-    buffer = torch.empty(total, dtype=torch.uint8)
-    buffer.numpy()[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    head = bytearray(_PREFIX.pack(_MAGIC, KIND_DATA, tag, 0, microbatch, len(meta), total))
+    head += meta
+    head += bytes(data_start - len(head))
+    parts = [torch.frombuffer(head, dtype=torch.uint8)]
+    position = 0
     for offset, tensor in router.inline:
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes:
-            start = data_start + offset
-            buffer[start : start + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
-    return Encoded(buffer, router.apart)
+        if offset > position:
+            parts.append(_ZEROS[: offset - position])
+        parts.append(_as_bytes(tensor, to_host=False))
+        position = offset + tensor.numel() * tensor.element_size()
+    return Encoded(torch.cat(parts) if len(parts) > 1 else parts[0], router.apart)
+
+
+_ZEROS = torch.zeros(_ALIGN, dtype=torch.uint8)
+"""Padding between inline tensors."""
 
 
 def encode_notice(*, tag: int, microbatch: int, total: int) -> torch.Tensor:
     """The prefix-only notice sent instead of a header too large for the receiver's buffer."""
-    buffer = torch.zeros(PREFIX_BYTES, dtype=torch.uint8)
-    buffer.numpy()[:] = np.frombuffer(_PREFIX.pack(_MAGIC, KIND_LARGE, tag, 0, microbatch, 0, total),
-                                      dtype=np.uint8)
-    return buffer
+    prefix = bytearray(_PREFIX.pack(_MAGIC, KIND_LARGE, tag, 0, microbatch, 0, total))
+    return torch.frombuffer(prefix, dtype=torch.uint8)
 
 
-def read_prefix(buffer: torch.Tensor) -> tuple[int, int]:
-    """``(kind, total length)`` of a header or notice; checks the magic number."""
-    kind, _, _, _, total = _read_prefix(buffer)
-    return kind, total
-
-
-def _read_prefix(buffer: torch.Tensor) -> tuple[int, int, int, int, int]:
-    magic, kind, tag, _, microbatch, meta_len, total = _PREFIX.unpack_from(
-        buffer[:PREFIX_BYTES].numpy().tobytes())
+def _read_prefix(raw: memoryview) -> tuple[int, int, int, int, int]:
+    magic, kind, tag, _, microbatch, meta_len, total = _PREFIX.unpack_from(raw)
     if magic != _MAGIC:
         raise RuntimeError(
             f"corrupt pipeline message (magic {magic:#x}, expected {_MAGIC:#x}): "
@@ -261,48 +263,58 @@ def _read_prefix(buffer: torch.Tensor) -> tuple[int, int, int, int, int]:
     return kind, tag, microbatch, meta_len, total
 
 
-def decode(buffer: torch.Tensor) -> Header:
+def decode(buffer: torch.Tensor, *, capacity: int | None = None) -> Header:
     """Decode a header made by :func:`encode` (or a notice) from a CPU ``uint8`` buffer.
 
-    Inline tensors come back as views into ``buffer`` (no copy); every tensor is a leaf
-    that requires grad exactly when the sender's tensor did.
+    Inline tensors come back as views into ``buffer`` (no copy), or as copies when the
+    header fills less than a quarter of ``capacity`` (the size of the buffer it was
+    received into: the values then do not keep the whole buffer alive). Every tensor is a
+    leaf that requires grad exactly when the sender's tensor did.
     """
-    kind, tag, microbatch, meta_len, total = _read_prefix(buffer)
+    raw = buffer.numpy().data
+    kind, tag, microbatch, meta_len, total = _read_prefix(raw)
     if kind != KIND_DATA:
         return Header(kind, tag, microbatch, total, [], lambda received: None)
-    meta = buffer[PREFIX_BYTES : PREFIX_BYTES + meta_len].numpy().tobytes()
+    copy = capacity is not None and total * 4 < capacity
     data_start = _align(PREFIX_BYTES + meta_len)
     apart: list[Apart] = []
     slots: list[Any] = []  # a tensor, an index into the apart tensors, or a plain leaf
 
     def tensor(dtype: torch.dtype, shape: tuple[int, ...], route: int, offset: int, grad: bool) -> None:
-        nbytes = _nbytes(dtype, shape)
-        if route == INLINE:
-            start = data_start + offset
-            slots.append(buffer[start : start + nbytes].view(dtype).view(shape).requires_grad_(grad))
-        else:
+        if route != INLINE:
             slots.append((len(apart), grad))
-            apart.append(Apart(route, dtype, shape, nbytes))
+            apart.append(Apart(route, dtype, shape, _nbytes(dtype, shape)))
+            return
+        count = math.prod(shape)
+        if count:
+            value = torch.frombuffer(raw, dtype=dtype, count=count, offset=data_start + offset)
+            if copy:
+                value = value.clone()
+        else:
+            value = torch.empty(0, dtype=dtype)
+        if value.shape != shape:
+            value = value.view(shape)
+        slots.append(value.requires_grad_() if grad else value)
 
-    form = int(meta[0])
+    form = int(raw[PREFIX_BYTES])
     structure = None
     if form == _PICKLE:
-        structure, descriptors = pickle.loads(meta[1:])
+        structure, descriptors = pickle.loads(raw[PREFIX_BYTES + 1 : PREFIX_BYTES + meta_len].tobytes())
         for d in descriptors:
             if isinstance(d, _TensorMeta):
                 tensor(d.dtype, d.shape, d.route, d.offset, d.requires_grad)
             else:
                 slots.append(_Leaf(d))
     else:
-        (count,) = struct.unpack_from("<I", meta, 1)
-        position = 5
+        (count,) = struct.unpack_from("<I", raw, PREFIX_BYTES + 1)
+        position = PREFIX_BYTES + 5
         for _ in range(count):
-            present, code, grad, ndim, route, offset = _ITEM.unpack_from(meta, position)
+            present, code, grad, ndim, route, offset = _ITEM.unpack_from(raw, position)
             position += _ITEM.size
             if not present:
                 slots.append(_Leaf(None))
                 continue
-            shape = struct.unpack_from(f"<{ndim}q", meta, position)
+            shape = struct.unpack_from(f"<{ndim}q", raw, position)
             position += 8 * ndim
             tensor(_DTYPES[code], tuple(shape), route, offset, bool(grad))
 
@@ -327,4 +339,5 @@ def _fill(slot: Any, received: Sequence[torch.Tensor], apart: list[Apart]) -> An
         return slot
     index, grad = slot
     spec = apart[index]
-    return received[index].view(spec.dtype).view(spec.shape).requires_grad_(grad)
+    value = received[index].view(spec.dtype).view(spec.shape)
+    return value.requires_grad_() if grad else value
