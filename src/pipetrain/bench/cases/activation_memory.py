@@ -245,4 +245,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 CASE = Case(name="activation_memory",
             title="Activation memory per rank: V-Half, V-Min, per-stage and selective "
                   "recomputation against 1F1B, measured and simulated",
-            run=run, draw=draw, quick_seconds=15, full_seconds=320)
+            run=run, draw=draw, quick_seconds=15, full_seconds=370)

@@ -191,4 +191,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 CASE = Case(name="planner", title="The planner's plan vs the even split, its predicted step, "
                                   "and a mode per stage under a memory cap",
-            run=run, draw=draw, quick_seconds=25, full_seconds=130)
+            run=run, draw=draw, quick_seconds=25, full_seconds=150)

@@ -182,4 +182,4 @@ def run(context: BenchContext) -> BenchResult:
 
 
 CASE = Case(name="planner_speed", title="How long the planner takes on large graphs and clusters",
-            run=run, quick_seconds=2, full_seconds=60)
+            run=run, quick_seconds=2, full_seconds=70)

@@ -251,4 +251,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 CASE = Case(name="planner_vs_pipedream",
             title="The planner vs PipeDream's optimizer on PipeDream's profiles",
-            run=run, draw=draw, quick_seconds=5, full_seconds=50)
+            run=run, draw=draw, quick_seconds=5, full_seconds=60)

@@ -157,4 +157,4 @@ def run(context: BenchContext) -> BenchResult:
 CASE = Case(name="schedules",
             title="Schedules head to head: bubble, throughput, activation memory (K = 2 "
                   "measured, K = 4, 8 simulated)",
-            run=run, draw=draw_schedules, quick_seconds=12, full_seconds=140)
+            run=run, draw=draw_schedules, quick_seconds=12, full_seconds=160)

@@ -168,4 +168,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 
 CASE = Case(name="transport", title="Point-to-point transport vs raw isend/irecv",
-            run=run, draw=draw, quick_seconds=8, full_seconds=30)
+            run=run, draw=draw, quick_seconds=8, full_seconds=70)

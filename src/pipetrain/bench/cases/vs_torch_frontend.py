@@ -247,4 +247,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 
 CASE = Case(name="vs_torch_frontend",
             title="Any nn.Module: Pipeline(model) vs torch's pipeline() on HF GPT-2",
-            run=run, draw=draw, quick_seconds=10, full_seconds=10, needs=("transformers",))
+            run=run, draw=draw, quick_seconds=10, full_seconds=20, needs=("transformers",))

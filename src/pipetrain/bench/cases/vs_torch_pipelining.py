@@ -144,4 +144,4 @@ def draw(tables: list[Table], data: dict[str, Any], out: Path) -> list[str]:
 CASE = Case(name="vs_torch_pipelining",
             title="Pipeline vs torch.distributed.pipelining: every schedule, memory- and "
                   "compute-bound models",
-            run=run, draw=draw, quick_seconds=25, full_seconds=670)
+            run=run, draw=draw, quick_seconds=25, full_seconds=790)
