@@ -32,8 +32,9 @@ from pipetrain.plan.topology import Topology
 def test_the_declared_quick_durations_fit_the_five_minute_budget() -> None:
     cases = [registry.load_case(name) for name in registry.case_names()]
     assert sum(c.quick_seconds for c in cases) < 300
-    # the declared full durations: each case's last measured full run, rounded up (82 min)
-    assert sum(c.full_seconds for c in cases) < 90 * 60
+    # the declared full durations: each case's wall time in the last full run (93 min;
+    # 82 to 93 min from one run to the next on this machine's shared cores)
+    assert sum(c.full_seconds for c in cases) < 100 * 60
 
 
 def test_quick_sizes_keep_every_schedule_and_runner() -> None:

@@ -115,3 +115,68 @@ def test_gpipe_joins_the_openmp_count_only_when_asked() -> None:
 
     assert added("off") == 2
     assert added("on") > 2
+
+
+class _ThreadCounts(nn.Module):
+    """Records the intra-op thread count of every forward and backward through it; a
+    forward at ``slow_at`` threads sleeps ``delay`` seconds (a layer slower there)."""
+
+    def __init__(self, slow_at: int = 0, delay: float = 0.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.slow_at, self.delay = slow_at, delay
+        self.forward_counts: list[int] = []
+        self.backward_counts: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        count = torch.get_num_threads()
+        self.forward_counts.append(count)
+        if count == self.slow_at:
+            threading.Event().wait(self.delay)
+        y = self.linear(x)
+        if y.requires_grad:
+            y.register_hook(lambda g: self.backward_counts.append(torch.get_num_threads()))
+        return y
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("slow_at, chosen", [(2, 1), (1, 2)])
+def test_the_callers_thread_count_is_the_faster_one_measured(two_threads, slow_at, chosen) -> None:
+    layer = _ThreadCounts(slow_at=slow_at, delay=0.03)
+    gpipe = pipetrain.GPipe(nn.Sequential(layer), [1], chunks=2, checkpoint="never")
+    for _ in range(12):
+        gpipe(torch.randn(4, 4)).sum().backward()
+        assert torch.get_num_threads() == 2  # the caller's count is restored
+    # both counts were tried, then every forward and backward runs at the faster one
+    assert set(layer.forward_counts[:14]) == {1, 2}
+    assert set(layer.forward_counts[-6:]) == set(layer.backward_counts[-6:]) == {chosen}
+    with torch.no_grad():
+        gpipe(torch.randn(4, 4))
+    assert layer.forward_counts[-2:] == [chosen, chosen]
+
+
+def test_a_fixed_count_runs_every_partition_at_it(two_threads) -> None:
+    layers = [_ThreadCounts(), _ThreadCounts()]
+    for chunks in (1, 2):
+        gpipe = pipetrain.GPipe(nn.Sequential(*layers), [1, 1], chunks=chunks,
+                                intra_op_threads=1)
+        for _ in range(3):
+            gpipe(torch.randn(4, 4)).sum().backward()
+            assert torch.get_num_threads() == 2
+    for layer in layers:
+        assert set(layer.forward_counts) == set(layer.backward_counts) == {1}
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_a_bad_intra_op_threads_is_refused_naming_it(bad: object) -> None:
+    with pytest.raises(ValueError, match=rf"intra_op_threads must be a positive integer or "
+                                         rf"None, got {bad!r}.*fix: intra_op_threads=None"):
+        pipetrain.GPipe(nn.Sequential(nn.Linear(2, 2)), [1],
+                        intra_op_threads=bad)  # type: ignore[arg-type]
