@@ -197,13 +197,6 @@ class GPipe(nn.Module):
             default: it changes how every OpenMP thread of the process waits, the
             caller's own parallel work included (see
             :func:`pipetrain.runtime.cpu_tuning.join_openmp_count`).
-        intra_op_threads: for partitions on the CPU, the intra-op threads of each
-            partition's work. ``None`` (the default): each worker gets its share of
-            torch's count, and the work on the caller's thread (the backward, the last
-            partition's forward with several micro-batches) a count chosen by timing the
-            first steps at torch's count and at its half (one thread can beat two on a
-            small micro-batch; see :mod:`pipetrain.runtime.thread_search`). A number fixes
-            the count for every partition (reproducible to the bit from run to run).
         mixed_precision: ``'bf16'`` or ``'fp16'``: every partition's forward (and the
             recomputation of its checkpointed micro-batches) runs under
             ``torch.autocast`` of its device with that dtype; parameters stay float32.
@@ -248,7 +241,6 @@ class GPipe(nn.Module):
         recompute_ahead: int = 0,
         reuse_gradient_buffers: bool = False,
         throttle_openmp_spin: bool = False,
-        intra_op_threads: int | None = None,
         mixed_precision: str | None = None,
         example_inputs: Any = None,
         example_kwargs: dict[str, Any] | None = None,
@@ -273,8 +265,7 @@ class GPipe(nn.Module):
         module = cast(nn.Sequential, module)
         verify_skippables(module)
         CpuTuning(recompute_ahead=recompute_ahead, reuse_gradient_buffers=reuse_gradient_buffers,
-                  throttle_openmp_spin=throttle_openmp_spin,
-                  intra_op_threads=intra_op_threads)  # refuses a bad value now
+                  throttle_openmp_spin=throttle_openmp_spin)  # refuses a bad value now
         autocast = autocast_dtype(mixed_precision)
         num_chunks = _chunks(chunks)
         mode = str(checkpoint)  # like torchgpipe: any value whose str() is a mode
@@ -296,7 +287,6 @@ class GPipe(nn.Module):
         self.recompute_ahead = recompute_ahead
         self.reuse_gradient_buffers = reuse_gradient_buffers
         self.throttle_openmp_spin = throttle_openmp_spin
-        self.intra_op_threads = intra_op_threads
         self.timeout = timeout
         self.mixed_precision = mixed_precision
         self._autocast = autocast
@@ -354,8 +344,7 @@ class GPipe(nn.Module):
             # the CPU tunings, for partitions on the CPU only (pipetrain.runtime.cpu_tuning)
             cpu = CpuTuning(recompute_ahead=self.recompute_ahead,
                             reuse_gradient_buffers=self.reuse_gradient_buffers,
-                            throttle_openmp_spin=self.throttle_openmp_spin,
-                            intra_op_threads=self.intra_op_threads) \
+                            throttle_openmp_spin=self.throttle_openmp_spin) \
                 if any(d.type == "cpu" for d in self.devices) else None
             executors = []
             for j, (partition, device) in enumerate(zip(self.partitions, self.devices)):
@@ -378,8 +367,7 @@ class GPipe(nn.Module):
                                  transport=transport)
                 )
             workers = StageWorkers(self.devices, on_error=transport.mailbox.fail,
-                                   setup=None if cpu is None else cpu.worker_setup(),
-                                   threads=None if cpu is None else cpu.intra_op_threads)
+                                   setup=None if cpu is None else cpu.worker_setup())
             self._local = LocalPipeline(executors, workers, transport, rng=rng,
                                         cpu_tuning=cpu, streams=streams)
             weakref.finalize(self, self._local.close)

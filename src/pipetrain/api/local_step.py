@@ -9,10 +9,8 @@ gradients of the caller's inputs come back. Parameter gradients accumulate into
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,9 +26,8 @@ from pipetrain.runtime.cpu_tuning import CpuTuning
 from pipetrain.runtime.executor import RankExecutor, StepIO
 from pipetrain.runtime.shared_recompute import RecomputeSharing
 from pipetrain.runtime.streams import PipelineStreams
-from pipetrain.runtime.thread_search import ThreadCountSearch
 from pipetrain.runtime.threads import ThreadTransport
-from pipetrain.runtime.workers import StageWorkers, intra_op_threads
+from pipetrain.runtime.workers import StageWorkers
 from pipetrain.schedule import Action, Op, Schedule
 
 __all__ = ["LocalPipeline"]
@@ -62,10 +59,6 @@ class _Session:
     structure: Any = None
     tensor_positions: list[int] = field(default_factory=list)
     done: bool = False
-    threads: int | None = None
-    """the intra-op threads the caller's thread ran its phases at (None: as it had them)"""
-    seconds: float = 0.0
-    """how long the forward phase took (the thread search adds the backward's)"""
 
 
 class LocalPipeline:
@@ -86,18 +79,10 @@ class LocalPipeline:
         self._sessions = itertools.count()
         self._on_cpu = [j for j, e in enumerate(self.executors)
                         if all(s.device.type == "cpu" for s in e.stages.values())]
-        self.threads: ThreadCountSearch | None = None
-        """the intra-op threads of the work on the caller's thread, when every stage is on
-        the CPU (a CPU tuning: :meth:`~pipetrain.runtime.cpu_tuning.CpuTuning.thread_search`)"""
-        self._fixed_threads: int | None = None
         self.sharing: RecomputeSharing | None = None
         """idle CPU workers rebuild CPU stages' checkpointed micro-batches in backward
         (a CPU tuning: :meth:`~pipetrain.runtime.cpu_tuning.CpuTuning.share_recomputation`;
         None: each stage recomputes its own)"""
-        if cpu_tuning is not None and len(self._on_cpu) == len(self.executors) \
-                and not self.streams.active:
-            self.threads = cpu_tuning.thread_search()
-            self._fixed_threads = cpu_tuning.intra_op_threads
         if cpu_tuning is not None:
             self.sharing = cpu_tuning.share_recomputation(
                 [s for j in self._on_cpu for s in self.executors[j].stages.values()],
@@ -106,7 +91,7 @@ class LocalPipeline:
     def _run(self, actions: Sequence[Sequence[Action]], ios: Sequence[StepIO], *,
              grad: bool, then: dict[int, Callable[[], None]] | None = None,
              speculators: Sequence[int] = (), generation: int = 0,
-             here: int | None = None, threads: int | None = None) -> None:
+             here: int | None = None) -> None:
         """Run each stage's actions on its worker; ``then[j]`` runs on worker ``j`` after
         them (glue such as merging micro-batches runs there, single-threaded, so that the
         caller's thread starts no intra-op thread team that would spin on the cores the
@@ -114,8 +99,7 @@ class LocalPipeline:
         rebuilding checkpointed micro-batches after their task (without this call
         waiting for them) until speculation number ``generation`` ends (the backward
         begins, or another forward). Worker ``here``'s task runs on the calling thread
-        (see :meth:`StageWorkers.run`), at ``threads`` intra-op threads if given (at most
-        that worker's own count)."""
+        (see :meth:`StageWorkers.run`)."""
         then = then or {}
         speculation = self.sharing if speculators else None
 
@@ -140,8 +124,7 @@ class LocalPipeline:
         tasks = [task(j, e, a, io)
                  for j, (e, a, io) in enumerate(zip(self.executors, actions, ios))]
         try:
-            self.workers.run(tasks, here=here, here_threads=None if threads is None or here is None
-                             else min(threads, self.workers.cpu_threads(here)))
+            self.workers.run(tasks, here=here)
         except BaseException:
             for executor in self.executors:
                 executor.reset()
@@ -169,11 +152,9 @@ class LocalPipeline:
         try:
             with self.streams.edges():
                 if self._serial(len(batches)):
-                    with self._at(self._fixed_threads):
-                        self._run_in_order(schedule.actions, ios, then={}, grad=False)
+                    self._run_in_order(schedule.actions, ios, then={}, grad=False)
                 else:
-                    self._run(schedule.actions, ios, grad=False, here=self._caller_stage(),
-                              threads=None if self.threads is None else self.threads.best)
+                    self._run(schedule.actions, ios, grad=False, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(offset)
@@ -242,18 +223,12 @@ class LocalPipeline:
         try:
             with self.streams.edges():
                 if serial:
-                    session.threads = self._fixed_threads
-                    with self._at(session.threads):
-                        self._run_in_order(session.forward_actions, ios,
-                                           then={len(ios) - 1: merge}, grad=True)
+                    self._run_in_order(session.forward_actions, ios, then={len(ios) - 1: merge},
+                                       grad=True)
                 else:
-                    session.threads = None if self.threads is None else self.threads.next_count()
-                    started = time.perf_counter()
                     self._run(session.forward_actions, ios, grad=True,
                               then={len(ios) - 1: merge}, speculators=speculators,
-                              generation=generation, here=self._caller_stage(),
-                              threads=session.threads)
-                    session.seconds = time.perf_counter() - started
+                              generation=generation, here=self._caller_stage())
         finally:
             if self.rng is not None:
                 self.rng.forward_done(ios[0].key_offset)
@@ -291,9 +266,8 @@ class LocalPipeline:
                 sizes = [session.input_sizes[i][k] for i in range(num_microbatches)]
                 merged.append(merge_grads(pieces, shape, sizes))
 
-        started = time.perf_counter()
         try:
-            with self.streams.edges(), self._at(session.threads):
+            with self.streams.edges():
                 # this thread, which autograd runs the backward on, runs every stage's
                 # part, last stage first, as autograd would run the whole model's
                 if self.streams.active or self._serial(num_microbatches):
@@ -307,9 +281,6 @@ class LocalPipeline:
         finally:
             if self.rng is not None:
                 self.rng.close(ios[0].key_offset)
-        if self.threads is not None and session.threads is not None and session.seconds:
-            self.threads.record(session.threads,
-                                session.seconds + time.perf_counter() - started)
         for io in ios:
             io.input_grads.clear()
             io.outputs.clear()
@@ -358,11 +329,6 @@ class LocalPipeline:
         if sharing is not None:
             sharing.task_done()
             sharing.close()
-
-    @staticmethod
-    def _at(threads: int | None) -> contextlib.AbstractContextManager[None]:
-        """The caller's thread at ``threads`` intra-op threads (``None``: as it is)."""
-        return contextlib.nullcontext() if threads is None else intra_op_threads(threads)
 
     def _serial(self, num_microbatches: int) -> bool:
         """Whether a call runs every stage on the caller's thread, in order: with every

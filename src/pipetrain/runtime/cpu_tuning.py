@@ -10,7 +10,6 @@ them, ``GPipe`` builds one from its keywords, and nothing of it runs on a GPU pi
 | the caller's thread runs the backward, last partition first (as autograd runs a plain model's: one thread team, one malloc arena, each checkpointed partition recomputed right before its backward), the last partition's forward too, and every partition of a single micro-batch | — | on | partitions do not overlap in the backward |
 | idle workers rebuild the checkpointed micro-batches that the backward will need next (:mod:`.shared_recompute`) | ``recompute_ahead`` | off (``0``) | up to ``recompute_ahead`` more micro-batches' activations per partition |
 | GNU OpenMP counts the workers among its threads, so idle OpenMP threads sleep (:func:`join_openmp_count`) | ``throttle_openmp_spin`` | off | process-wide: the caller's own parallel ops wake their threads from sleep |
-| the intra-op thread count of the work the caller's thread runs (the backward, the last partition's forward) chosen by timing the first steps at torch's count and at its half (:mod:`.thread_search`); a number fixes it, for every partition | ``intra_op_threads`` | on (``None``: measured) | a few of the first steps at a slower count; the count, hence the last bits of some sums, depends on the timing unless fixed |
 | a step's weight gradients written into the memory of the last step's, once ``zero_grad()`` dropped them (:class:`ReusingGradientPool`) | ``reuse_gradient_buffers`` | off | the gradients' size held between steps |
 
 All of them use public torch APIs only.
@@ -27,7 +26,6 @@ import torch
 
 from pipetrain.backward.gradient_pool import GradientPool
 from pipetrain.runtime.shared_recompute import RecomputeSharing, SharedStage
-from pipetrain.runtime.thread_search import ThreadCountSearch
 
 __all__ = ["CpuTuning", "ReusingGradientPool", "join_openmp_count"]
 
@@ -51,19 +49,8 @@ class CpuTuning:
     none; each partition is recomputed right before its backward)"""
     reuse_gradient_buffers: bool = False
     throttle_openmp_spin: bool = False
-    intra_op_threads: int | None = None
-    """intra-op threads of each partition's work (``None``: each CPU worker its share of
-    torch's count, the caller's thread a count measured by :meth:`thread_search`)"""
 
     def __post_init__(self) -> None:
-        threads = self.intra_op_threads
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or threads < 1):
-            raise ValueError(
-                f"intra_op_threads must be a positive integer or None, got {threads!r}; "
-                "fix: intra_op_threads=None (the default) times the first steps to choose, "
-                "intra_op_threads=1 runs every partition on one thread"
-            )
         ahead = self.recompute_ahead
         if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
             raise ValueError(
@@ -71,13 +58,6 @@ class CpuTuning:
                 "fix: recompute_ahead=0 (the default) adds no memory, recompute_ahead=1 "
                 "lets idle workers rebuild one micro-batch ahead per partition"
             )
-
-    def thread_search(self) -> ThreadCountSearch:
-        """The thread count of the work on the caller's thread: ``intra_op_threads``, or
-        searched from torch's count at this call."""
-        if self.intra_op_threads is not None:
-            return ThreadCountSearch(fixed=self.intra_op_threads)
-        return ThreadCountSearch(start=torch.get_num_threads())
 
     def worker_setup(self) -> Callable[[], None] | None:
         """What each CPU stage worker runs on its thread when it starts (or ``None``)."""

@@ -12,16 +12,15 @@ is restored), unless their ``setup`` changes it (a CPU tuning such as
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
-__all__ = ["StageWorkers", "intra_op_threads"]
+__all__ = ["StageWorkers"]
 
 _STOP = object()
 
@@ -55,28 +54,6 @@ def _worker_loop(
         del item, future, function
 
 
-@contextlib.contextmanager
-def intra_op_threads(count: int) -> Iterator[None]:
-    """Run the body with ``count`` intra-op threads on this thread, then restore the count.
-
-    Example:
-        >>> before = torch.get_num_threads()
-        >>> with intra_op_threads(1):
-        ...     torch.get_num_threads()
-        1
-        >>> torch.get_num_threads() == before
-        True
-    """
-    previous = torch.get_num_threads()
-    if count != previous:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        if count != previous:
-            torch.set_num_threads(previous)
-
-
 class StageWorkers:
     """One thread per stage; :meth:`run` gives each its task and waits for all of them.
 
@@ -84,8 +61,7 @@ class StageWorkers:
     tasks are awaited: it must wake them (e.g. fail the transport's mailbox) so that a
     failed stage never leaves its neighbours waiting. ``setup`` runs on each CPU worker's
     thread when it starts, before the worker sets its share of intra-op threads (a CPU
-    tuning: :meth:`pipetrain.runtime.cpu_tuning.CpuTuning.worker_setup`). ``threads``: each
-    CPU worker's intra-op threads (``None``: its share of torch's count).
+    tuning: :meth:`pipetrain.runtime.cpu_tuning.CpuTuning.worker_setup`).
 
     Example:
         >>> workers = StageWorkers([torch.device("cpu")] * 2)
@@ -100,10 +76,9 @@ class StageWorkers:
         *,
         on_error: Callable[[BaseException], None] | None = None,
         setup: Callable[[], None] | None = None,
-        threads: int | None = None,
     ) -> None:
         num_cpu = sum(1 for d in devices if d.type == "cpu")
-        cpu_threads = threads or max(1, torch.get_num_threads() // max(1, num_cpu))
+        cpu_threads = max(1, torch.get_num_threads() // max(1, num_cpu))
         self.on_error = on_error
         self._cpu_threads = [cpu_threads if d.type == "cpu" else 0 for d in devices]
         self._queues: list[queue.SimpleQueue[Any]] = []
@@ -138,19 +113,14 @@ class StageWorkers:
     def __len__(self) -> int:
         return len(self._threads)
 
-    def cpu_threads(self, j: int) -> int:
-        """Worker ``j``'s intra-op threads (0 for a worker of a GPU)."""
-        return self._cpu_threads[j]
-
     def run(self, tasks: Sequence[Callable[[], Any] | None], *,
-            here: int | None = None, here_threads: int | None = None) -> list[Any]:
+            here: int | None = None) -> list[Any]:
         """Run ``tasks[j]`` on worker ``j`` (``None``: nothing); return their results.
 
         ``here``: the index of a CPU worker whose task runs on the calling thread instead
         (which would only wait meanwhile), with that worker's share of intra-op threads
-        (set for the task, then restored; ``here_threads`` instead, if given): what the
-        task allocates then comes from the caller's memory, as when autograd runs a
-        backward on the caller's thread.
+        (set for the task, then restored): what the task allocates then comes from the
+        caller's memory, as when autograd runs a backward on the caller's thread.
         If tasks fail, the first failure is raised after every task has finished.
         """
         if len(tasks) != len(self._queues):
@@ -190,7 +160,7 @@ class StageWorkers:
         if own is not None and here is not None:
             done: Future[Any] = Future()
             done.add_done_callback(note)
-            own_result = self._run_here(own, here_threads or self._cpu_threads[here], done)
+            own_result = self._run_here(own, self._cpu_threads[here], done)
         results = [None if f is None else _result(f) for f in futures]
         if here is not None:
             results[here] = own_result
@@ -202,12 +172,17 @@ class StageWorkers:
     def _run_here(task: Callable[[], Any], num_threads: int, done: Future[Any]) -> Any:
         """Run ``task`` on this thread with ``num_threads`` intra-op threads; its result
         (``None`` on failure) and its outcome in ``done``."""
+        previous = torch.get_num_threads()
+        if num_threads != previous:
+            torch.set_num_threads(num_threads)
         try:
-            with intra_op_threads(num_threads):
-                result = task()
+            result = task()
         except BaseException as error:
             done.set_exception(error)
             return None
+        finally:
+            if num_threads != previous:
+                torch.set_num_threads(previous)
         done.set_result(result)
         return result
 
