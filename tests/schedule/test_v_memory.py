@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pipetrain.schedule import (
@@ -16,12 +18,41 @@ from pipetrain.schedule import (
     validate,
     zb_v,
 )
+from pipetrain.schedule.actions import Action, Op
+from pipetrain.schedule.program import Schedule
 from pipetrain.schedule.v_memory import v_half_cap, v_min_cap
 
 from .helpers import assert_each_w_after_its_i, sizes
 
 HALF = Costs(forward=0.5, backward_input=0.5, backward_weight=0.5)
 """A V stage is half a 1F1B stage: F = I = W = 1/2 of a 1F1B stage's forward."""
+
+
+def _split(schedule: Schedule) -> Schedule:
+    """The schedule with every whole backward ``B`` run as its ``I`` then its ``W``."""
+    def split(action: Action) -> list[Action]:
+        if action.op is not Op.BACKWARD:
+            return [action]
+        return [Action(action.stage, Op.BACKWARD_INPUT, action.microbatch),
+                Action(action.stage, Op.BACKWARD_WEIGHT, action.microbatch)]
+    return dataclasses.replace(schedule, actions=tuple(
+        tuple(a for action in actions for a in split(action)) for actions in schedule.actions))
+
+
+def test_the_first_stage_runs_a_whole_backward_where_its_w_follows_its_i_at_no_cost() -> None:
+    """Only the first stage's backward, whose input gradient goes to no one, is whole, and
+    only where its ``W`` would follow its ``I``: the step is as long as with them split."""
+    for k, m in sizes():
+        for generator in (v_half, v_min):
+            schedule = generator(k, m)
+            whole = [a for actions in schedule.actions for a in actions if a.op is Op.BACKWARD]
+            assert {a.stage for a in whole} == ({0} if k > 1 else set())
+            assert (k == 2) <= (len(whole) == m)  # at K = 2 every one of them
+            split = _split(schedule)
+            validate(split)
+            for costs in (Costs(), HALF):
+                assert simulate(schedule, costs).makespan == pytest.approx(
+                    simulate(split, costs).makespan)
 
 
 def _ratio(schedule_peak: int, k: int, m: int) -> float:
@@ -35,7 +66,7 @@ def test_every_size_is_a_valid_v_schedule_under_its_cap() -> None:
             schedule = generator(k, m)
             validate(schedule)
             assert schedule.stage_to_rank == v_placement(k)
-            for r, actions in enumerate(schedule.actions):
+            for r, actions in enumerate(_split(schedule).actions):
                 assert sorted((a.op.value, a.stage, a.microbatch) for a in actions) == sorted(
                     (op, j, i) for op in "FIW" for j in (r, 2 * k - 1 - r) for i in range(m)
                 )

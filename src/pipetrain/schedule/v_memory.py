@@ -17,7 +17,10 @@ micro-batch), a weight-gradient half (``W``: it fills what is left and frees a s
 forward runs only while the rank holds fewer than ``cap`` stage-micro-batches (forwards
 on the way down: fewer than ``cap - 1``, one slot stays free for the way up, so that the
 oldest micro-batch always gets back to its loss: no deadlock). Forwards of a stage run
-in micro-batch order.
+in micro-batch order. Where the first stage's ``W`` follows its ``I`` right away, the two
+run as one whole backward ``B`` (the first stage's input gradient goes to no one): a
+whole backward holds less while it runs than an ``I`` that keeps its layers' output
+gradients for the ``W``.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def v_half(num_ranks: int, num_microbatches: int) -> Schedule:
     Example (one column per clock tick, unit costs; cells name the stage):
         >>> from pipetrain.schedule.grid import render_grid
         >>> print(render_grid(v_half(2, 2)))
-        rank 0: 0F0 .   .   3F0 3I0 3W0 .   0I0 0W0 0F1 .   .   3F1 3I1 3W1 .   0I1 0W1
-        rank 1: .   1F0 2F0 .   .   2I0 1I0 2W0 1W0 .   1F1 2F1 .   .   2I1 1I1 2W1 1W1
+        rank 0: 0F0 .   .   3F0 3I0 3W0 .   0B0 0F1 .   .   3F1 3I1 3W1 .   0B1
+        rank 1: .   1F0 2F0 .   .   2I0 1I0 2W0 1W0 1F1 2F1 .   .   2I1 1I1 2W1 1W1
 
     Raises:
         ValueError: ``num_ranks`` or ``num_microbatches`` is below 1.
@@ -127,7 +130,22 @@ def v_capped(num_ranks: int, num_microbatches: int, *, cap: int, name: str = "v-
                 held[r] -= 1
         tick += 1
     return Schedule(name=name, num_microbatches=m, stage_to_rank=v_placement(k),
-                    actions=tuple(tuple(a) for a in actions))
+                    actions=tuple(_first_stage_whole(a) for a in actions))
+
+
+def _first_stage_whole(actions: list[Action]) -> tuple[Action, ...]:
+    """The first stage's ``I`` and ``W`` of a micro-batch, where one follows the other,
+    as one ``B``: its input gradient goes to no one, so nothing waits for the ``I`` alone,
+    and a whole backward holds less while it runs than an ``I`` that keeps its layers'
+    output gradients for the ``W``."""
+    fused: list[Action] = []
+    for action in actions:
+        if (action.stage == 0 and action.op is WEIGHT and fused
+                and fused[-1] == Action(0, INPUT, action.microbatch)):
+            fused[-1] = Action(0, Op.BACKWARD, action.microbatch)
+        else:
+            fused.append(action)
+    return tuple(fused)
 
 
 def _choose(
